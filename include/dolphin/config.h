@@ -1,0 +1,96 @@
+/* include/dolphin/config.h — dolphind's settings: defaults, the YAML file
+ * (configs/dolphin.yaml, read with libyaml) and command-line flags, in that
+ * order of precedence (flags win). Every YAML key `some_key` has the flag
+ * `--some-key`. docs/configuration.md documents each field.
+ */
+#ifndef DOLPHIN_CONFIG_H
+#define DOLPHIN_CONFIG_H
+
+#include "dolphin/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DOL_MAX_API_KEYS 64
+
+/* Version printed by --version (the CMake project version). */
+#ifndef DOL_VERSION
+#define DOL_VERSION "0.1.0"
+#endif
+
+typedef struct {
+    char key[128];
+    int priority;
+} dol_api_key;
+
+typedef struct {
+    /* server */
+    char host[128];              /* default "127.0.0.1" */
+    int port;                    /* default 8080; 0 = any free port */
+    size_t max_body_bytes;       /* default 1 MiB; larger bodies get 413 */
+    char model[1024];            /* model directory; default "" (required) */
+    char served_model_name[256]; /* model id in the API; "" = dir basename */
+    int threads;                 /* compute threads; 0 = all online cores */
+    char backend[16];            /* auto | cpu | cuda (default auto) */
+    char weights[16];            /* auto | f32 | f16 | nf4 (default auto) */
+    int context_len;             /* 0 = max_position_embeddings */
+    /* default sampling values, used when a request leaves them out */
+    float temperature;           /* default 1.0 (OpenAI's) */
+    float top_p;                 /* default 1.0 */
+    int top_k;                   /* default 0 (off) */
+    int max_tokens;              /* default 16 */
+    /* scheduler (SPEC §4) */
+    int batch_window_ms;         /* default 50 */
+    int max_batch_size;          /* default 8 */
+    char batch_mode[16];         /* continuous | static */
+    int max_queue;               /* default 256 */
+    double request_timeout_s;    /* default 600; 0 = none */
+    double memory_high_watermark;/* default 0.80 */
+    int64_t kv_cache_tokens;     /* default 0 = derive */
+    int64_t kv_cache_bytes;      /* default 0 = derive */
+    int kv_block_size;           /* default 16 */
+    int prefill_chunk;           /* default 512 tokens per sequence per step */
+    /* keys and priorities */
+    dol_api_key api_keys[DOL_MAX_API_KEYS];
+    int n_api_keys;              /* 0 = no authentication */
+    int default_priority;        /* default 0 */
+    /* operations */
+    double drain_timeout_s;      /* default 30 */
+    double vram_unready_ratio;   /* default 0.90 */
+    double vram_unready_after_s; /* default 15 */
+    char log_level[16];          /* debug | info | warn | error */
+    bool warmup;                 /* default true */
+} dol_config;
+
+/* Fill with the defaults above. */
+void dol_config_defaults(dol_config *c);
+
+/* Merge a YAML file into c. Unknown keys, wrong types and out-of-range values
+ * are errors: -1 and one line "<path>:<line>: field <key>: <problem>".
+ * All or nothing: on error c is left unchanged. An api_keys list in the file
+ * replaces the keys already in c. An empty file changes nothing. */
+int dol_config_load_yaml(dol_config *c, const char *path,
+                         char *err, size_t errlen);
+
+/* Parse argv: c is reset to the defaults, `--config FILE` is applied first
+ * (defaults, then the file), then every other flag overrides it (in order;
+ * --api-key appends to the file's keys). Flags are `--name VALUE` or
+ * `--name=VALUE`; booleans also accept `--name` / `--no-name`.
+ * Returns 0 ok, 1 when --help or --version was printed to stdout (caller
+ * exits 0), -1 with one line in err (caller exits 2). */
+int dol_config_from_args(dol_config *c, int argc, char **argv,
+                         char *err, size_t errlen);
+
+/* Print the flag list (--help) to f (a FILE*). */
+void dol_config_print_help(void *f, const char *argv0);
+
+/* Priority for an Authorization bearer key: the configured key's priority,
+ * or -1 when keys are configured and `key` is NULL/unknown (401). With no
+ * keys configured returns default_priority. */
+int dol_config_key_priority(const dol_config *c, const char *key);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

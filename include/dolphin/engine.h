@@ -1,0 +1,114 @@
+/* include/dolphin/engine.h — the inference engine: one batched forward pass
+ * over the Llama decoder with a paged KV cache. The CPU backend
+ * (src/engine/cpu_engine.c) is the reference implementation of this
+ * interface; a CUDA backend implements the same calls.
+ *
+ * Terms: a *sequence* is one stream of tokens with its own KV cache (one per
+ * completion choice). Its KV cache is a *block table*: a list of fixed-size
+ * blocks (block_size tokens each) taken from one pool; blocks are
+ * reference-counted so sequences forked from the same prompt share the
+ * prompt's full blocks.
+ *
+ * Threading: an engine is used by one thread at a time (the scheduler
+ * thread). The forward pass spreads its matrix products over the engine's
+ * own thread pool, created once in dol_engine_create.
+ */
+#ifndef DOLPHIN_ENGINE_H
+#define DOLPHIN_ENGINE_H
+
+#include "dolphin/common.h"
+#include "dolphin/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How linear-layer weights are held in memory. */
+typedef enum {
+    DOL_WEIGHTS_AUTO = 0, /* keep the checkpoint's F32/F16; BF16 becomes F32 */
+    DOL_WEIGHTS_F32,      /* convert every linear layer to F32 at load */
+    DOL_WEIGHTS_F16,      /* convert every linear layer to F16 at load */
+} dol_weight_format;
+
+typedef struct {
+    int n_threads;            /* threads of the matmul pool (>= 1) */
+    int kv_block_size;        /* tokens per KV block (default 16) */
+    int64_t kv_cache_tokens;  /* pool capacity in tokens, rounded up to whole
+                                 blocks; 0 = derive from kv_cache_bytes */
+    int64_t kv_cache_bytes;   /* used when kv_cache_tokens == 0; 0 = enough
+                                 for max_seqs full contexts, capped at 1 GiB */
+    int max_seqs;             /* max live sequences (block tables) */
+    int max_batch_tokens;     /* max tokens in one forward call (workspace) */
+    int context_len;          /* max positions per sequence; 0 = model's
+                                 max_position_embeddings */
+    dol_weight_format weights;
+} dol_engine_params;
+
+typedef struct dol_engine dol_engine;
+
+/* Build an engine over a loaded model (the model must outlive the engine).
+ * Allocates the KV pool and workspaces up front. -1 with one line in err
+ * (e.g. the KV pool does not fit in memory). */
+int dol_engine_create(const dol_model *model, const dol_engine_params *p,
+                      dol_engine **out, char *err, size_t errlen);
+void dol_engine_free(dol_engine *e);
+
+/* Context length in tokens (positions 0..n-1). */
+int dol_engine_context_len(const dol_engine *e);
+int dol_engine_vocab_size(const dol_engine *e);
+
+/* ---- sequences and the paged KV cache ---------------------------------- */
+
+/* New empty sequence; returns its id (>= 0), or -1 when max_seqs are live. */
+int dol_engine_seq_new(dol_engine *e);
+/* Release a sequence and return its blocks (those no other sequence shares)
+ * to the free list. Safe on an id that is not live (no-op). */
+void dol_engine_seq_free(dol_engine *e, int seq);
+/* New sequence holding the first n_tokens of `src`'s KV cache (full blocks
+ * shared by reference, a partial last block copied). Returns the id, or -1
+ * when no sequence slot or block is free. */
+int dol_engine_seq_fork(dol_engine *e, int src, int n_tokens);
+/* Make sure the sequence has blocks for positions [0, n_tokens). Returns 0,
+ * or -1 (nothing allocated) when the free list has too few blocks. */
+int dol_engine_seq_reserve(dol_engine *e, int seq, int n_tokens);
+/* Blocks needed to hold n_tokens, and the free-list state (in blocks). */
+int dol_engine_blocks_for(const dol_engine *e, int n_tokens);
+int dol_engine_kv_blocks_total(const dol_engine *e);
+int dol_engine_kv_blocks_free(const dol_engine *e);
+int dol_engine_kv_block_size(const dol_engine *e);
+/* Bytes of KV cache per token (all layers, K and V). */
+size_t dol_engine_kv_bytes_per_token(const dol_engine *e);
+/* Resident bytes of weights as the engine holds them. */
+size_t dol_engine_weight_bytes(const dol_engine *e);
+
+/* ---- the forward pass --------------------------------------------------- */
+
+/* One sequence's share of a forward call: n_tokens tokens at positions
+ * start_pos .. start_pos+n_tokens-1 (a prefill chunk, or one decode token).
+ * The sequence's KV cache must already hold positions 0..start_pos-1 and have
+ * blocks reserved up to start_pos+n_tokens (dol_engine_seq_reserve).
+ * n_logits: 0 = none, 1 = logits of the last token only, n_tokens = logits of
+ * every token (echo with logprobs). logits: caller-owned
+ * [n_logits][vocab_size] floats, row-major. */
+typedef struct {
+    int seq;
+    int n_tokens;
+    const int32_t *tokens;
+    int start_pos;
+    int n_logits;
+    float *logits;
+} dol_batch_item;
+
+/* Run the decoder over all items at once: every weight matrix is read once
+ * per call for the whole batch (matrix-matrix products over the concatenated
+ * tokens, no padding). Writes K/V of the new tokens into each sequence's
+ * blocks and the requested logits. Results for an item do not depend on the
+ * other items (batch-invariant, bit for bit). -1 with err on invalid input
+ * (unknown sequence, position past the context, too many tokens). */
+int dol_engine_forward(dol_engine *e, dol_batch_item *items, int n_items,
+                       char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,114 @@
+/* include/dolphin/model.h — a Hugging Face Llama checkpoint in memory:
+ * config.json, safetensors (one file or shards with an index), memory-mapped.
+ *
+ * Reference: SPEC §2. Tensor names are Hugging Face's
+ * (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...).
+ * All matrices are row-major as stored by PyTorch's nn.Linear: a weight of
+ * shape [out_features, in_features], so y = W x means
+ * y[o] = sum_i W[o][i] * x[i].
+ */
+#ifndef DOLPHIN_MODEL_H
+#define DOLPHIN_MODEL_H
+
+#include "dolphin/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    DOL_DTYPE_F32 = 0,
+    DOL_DTYPE_F16 = 1,
+    DOL_DTYPE_BF16 = 2,
+} dol_dtype;
+
+/* Bytes per element of a dtype (4, 2, 2). */
+size_t dol_dtype_size(dol_dtype t);
+/* "F32", "F16", "BF16". */
+const char *dol_dtype_name(dol_dtype t);
+
+/* Scalar conversions between the storage types and F32 (src/model/dtype.c).
+ * F16 -> F32 and BF16 -> F32 are exact (subnormals, inf and nan included).
+ * F32 -> F16 and F32 -> BF16 round to nearest, ties to even; values too large
+ * become inf, values at or below half the smallest F16 subnormal become a
+ * signed zero, nan stays a (quiet) nan. */
+float dol_f16_to_f32(uint16_t h);
+uint16_t dol_f32_to_f16(float f);
+float dol_bf16_to_f32(uint16_t h);
+uint16_t dol_f32_to_bf16(float f);
+
+/* A 1-D or 2-D view of weights. `data` points into a read-only mapping of the
+ * checkpoint (or into a buffer owned by the dol_model when the stored data
+ * had to be realigned); it stays valid until dol_model_free. Row-major:
+ * element (r, c) is at data + (r * cols + c) * dol_dtype_size(dtype).
+ * For 1-D tensors rows == 1. `data` is aligned to the dtype's size. */
+typedef struct {
+    dol_dtype dtype;
+    int64_t rows;
+    int64_t cols;
+    const void *data;
+} dol_tensor;
+
+/* Hyper-parameters from config.json (SPEC §2). */
+typedef struct {
+    int hidden_size;          /* model dimension d */
+    int intermediate_size;    /* SwiGLU hidden dimension */
+    int n_layers;             /* num_hidden_layers */
+    int n_heads;              /* num_attention_heads */
+    int n_kv_heads;           /* num_key_value_heads (absent = n_heads) */
+    int head_dim;             /* hidden_size / n_heads */
+    int vocab_size;
+    int max_position_embeddings;  /* context length in tokens */
+    float rms_norm_eps;
+    float rope_theta;         /* absent = 10000 */
+    bool tie_word_embeddings; /* lm_head shares model.embed_tokens.weight */
+    int bos_token_id;         /* absent = 1 */
+    int eos_token_id;         /* absent = 2 */
+} dol_model_config;
+
+/* Weights of one decoder layer. Shapes (d = hidden_size, h = head_dim,
+ * kv = n_kv_heads * h, f = intermediate_size):
+ *   attn_norm [1, d]   q [n_heads*h, d]   k [kv, d]   v [kv, d]
+ *   o [d, n_heads*h]   ffn_norm [1, d]    gate [f, d] up [f, d]  down [d, f] */
+typedef struct {
+    dol_tensor attn_norm, q, k, v, o;
+    dol_tensor ffn_norm, gate, up, down;
+} dol_layer_weights;
+
+typedef struct dol_model dol_model;
+struct dol_model {
+    dol_model_config cfg;
+    char dir[1024];           /* model directory as given */
+    char name[256];           /* basename of dir: the model id served by the API */
+    dol_tensor embed;         /* [vocab, d] */
+    dol_tensor final_norm;    /* [1, d] */
+    dol_tensor lm_head;       /* [vocab, d]; == embed when tied */
+    dol_layer_weights *layers;/* n_layers entries */
+    size_t weight_bytes;      /* sum of all tensor sizes as stored */
+    void *priv;               /* mappings and owned buffers (loader-private) */
+};
+
+/* Parse `dir`/config.json only. Unsupported values (architecture other than
+ * LlamaForCausalLM, hidden_act != silu, rope_scaling not null, attention_bias
+ * true, inconsistent sizes) are refused: -1 and one line in `err` naming the
+ * file and the field. */
+int dol_model_config_load(const char *dir, dol_model_config *cfg,
+                          char *err, size_t errlen);
+
+/* Load a model directory: config.json, then model.safetensors or the shards
+ * named by model.safetensors.index.json, memory-mapped read-only (never read
+ * into memory twice). Every tensor is checked: present, shape as the config
+ * says, dtype F32/F16/BF16, byte range inside the file and not overlapping
+ * another tensor, header JSON well-formed. lm_head.weight may be absent only
+ * when tie_word_embeddings is true. On failure returns -1, *out untouched,
+ * and `err` holds one line naming the file and tensor
+ * (e.g. "model.safetensors: tensor model.norm.weight: shape [32] but config
+ * says [64]"). The caller owns *out and releases it with dol_model_free. */
+int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen);
+
+void dol_model_free(dol_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,183 @@
+/* include/dolphin/scheduler.h — requests and the dynamic batcher (SPEC §4).
+ *
+ * The HTTP layer builds a dol_request (prompt token ids + parameters),
+ * submits it, and is told through `on_event` whenever the request has new
+ * output or has ended; it reads the output under the request's mutex. One
+ * scheduler thread owns the engine: it admits queued requests into the
+ * running batch (continuous or static mode), runs one forward step at a
+ * time, samples, detokenizes, applies stop strings, and retires finished,
+ * timed-out, cancelled and disconnected sequences, returning their KV blocks.
+ *
+ * Ownership: requests are reference-counted. dol_request_new gives the caller
+ * one reference; dol_scheduler_submit takes its own; each side drops its
+ * reference with dol_request_release. */
+#ifndef DOLPHIN_SCHEDULER_H
+#define DOLPHIN_SCHEDULER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "dolphin/common.h"
+#include "dolphin/engine.h"
+#include "dolphin/sampler.h"
+#include "dolphin/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DOL_MAX_STOP 4
+#define DOL_MAX_LOGPROBS 5
+
+typedef enum {
+    DOL_FINISH_NONE = 0,   /* still running */
+    DOL_FINISH_STOP,       /* EOS or a stop string */
+    DOL_FINISH_LENGTH,     /* max_tokens or the context length reached */
+    DOL_FINISH_ERROR,      /* see dol_request.error_* */
+} dol_finish_reason;
+
+/* "stop", "length", "error", or NULL for DOL_FINISH_NONE. */
+const char *dol_finish_reason_str(dol_finish_reason f);
+
+/* Log-probabilities of one token (logprobs >= 0 requested), from the raw
+ * model logits (before penalties and temperature). */
+typedef struct {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_ids[DOL_MAX_LOGPROBS];
+    float top_logprobs[DOL_MAX_LOGPROBS];
+} dol_token_logprob;
+
+/* One completion choice (one sequence). Fields are guarded by the request's
+ * mutex; the scheduler only ever appends. */
+typedef struct {
+    char *text;              /* emit-safe text so far: whole UTF-8 characters,
+                                never any part of a stop string; NUL-terminated */
+    size_t text_len;
+    size_t text_cap;
+    int32_t *ids;            /* every generated id, in order */
+    int n_ids;
+    int ids_cap;
+    dol_token_logprob *lps;  /* n_ids entries when logprobs >= 0, else NULL */
+    int *lps_text_len;       /* text_len after each token's text was committed */
+    dol_finish_reason finish;
+    void *priv;              /* scheduler-private (detokenizer, held text) */
+} dol_choice;
+
+typedef struct dol_request dol_request;
+struct dol_request {
+    /* ---- input: set before dol_scheduler_submit, read-only afterwards ---- */
+    int32_t *prompt_ids;     /* malloc'd, owned by the request (BOS included
+                                when the API added it) */
+    int n_prompt;
+    int max_tokens;          /* tokens to generate per choice (>= 0) */
+    int n;                   /* choices (>= 1) */
+    dol_sampling_params sampling;
+    uint64_t seed;           /* choice i uses seed + i */
+    char *stop[DOL_MAX_STOP];/* malloc'd stop strings (non-empty) */
+    int n_stop;
+    int logprobs;            /* -1 = off, else 0..5 alternatives per token */
+    bool echo_logprobs;      /* also compute the prompt's logprobs */
+    bool ignore_eos;
+    int priority;            /* higher is admitted first; FIFO within one */
+    double timeout_ms;       /* queue wait + generation; 0 = none */
+    char id[64];             /* request id (X-Request-Id), for logs */
+
+    /* Called by the scheduler thread, without the mutex held, after new
+     * output was appended or the request ended. Must not block. */
+    void (*on_event)(dol_request *r, void *user);
+    /* Polled by the scheduler thread once per step while the request is
+     * queued or running: return true when the client has gone away. */
+    bool (*client_gone)(dol_request *r, void *user);
+    void *user;
+
+    /* ---- output: guarded by mu ---- */
+    pthread_mutex_t mu;
+    dol_choice *choices;     /* n entries, allocated by dol_request_alloc_choices */
+    dol_token_logprob *prompt_lps; /* echo_logprobs: n_prompt entries; entry 0
+                                      has n_top = -1 (no logprob) */
+    bool done;               /* every choice finished (or the request failed) */
+    int error_status;        /* HTTP status when it failed (0 = none) */
+    char error_type[48];     /* OpenAI error type, e.g. "timeout_error" */
+    char error_code[48];
+    char error_msg[256];
+    /* timings, dol_now_ms() clock; 0 = not yet */
+    double t_arrival_ms, t_start_ms, t_first_token_ms, t_done_ms;
+
+    /* ---- private to the scheduler ---- */
+    atomic_int refs;
+    atomic_bool cancelled;
+    uint64_t seqno;          /* arrival order */
+    void *priv;
+};
+
+/* A new request with one reference, defaults (max_tokens 16, n 1, greedy off
+ * = temperature 1, logprobs -1) and its mutex initialised. NULL on OOM. */
+dol_request *dol_request_new(void);
+/* Allocate the n choices (call after setting n). 0 or -1 on OOM. */
+int dol_request_alloc_choices(dol_request *r);
+void dol_request_retain(dol_request *r);
+/* Drop a reference; the last one frees the request and everything it owns. */
+void dol_request_release(dol_request *r);
+/* Ask the scheduler to end the request (client gone): its sequences are
+ * freed at the next step. Thread-safe. */
+void dol_request_cancel(dol_request *r);
+
+typedef enum { DOL_BATCH_CONTINUOUS = 0, DOL_BATCH_STATIC = 1 } dol_batch_mode;
+
+typedef struct {
+    int max_batch_size;          /* sequences in one step (default 8) */
+    int batch_window_ms;         /* default 50 */
+    dol_batch_mode mode;
+    int max_queue;               /* waiting requests before 429 */
+    double memory_high_watermark;/* fraction of the KV pool (default 0.80) */
+    int prefill_chunk;           /* max prompt tokens of one sequence per step */
+} dol_scheduler_params;
+
+typedef struct dol_scheduler dol_scheduler;
+
+/* Create the scheduler and start its thread. The engine and tokenizer must
+ * outlive it. -1 with err on failure. */
+int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
+                         const dol_scheduler_params *p, dol_scheduler **out,
+                         char *err, size_t errlen);
+/* Stop the thread (ends every queued or running request with 503) and free. */
+void dol_scheduler_free(dol_scheduler *s);
+
+typedef enum {
+    DOL_SUBMIT_OK = 0,
+    DOL_SUBMIT_QUEUE_FULL,   /* 429, Retry-After */
+    DOL_SUBMIT_TOO_LONG,     /* 400: prompt + max_tokens can never fit the
+                                context or the KV pool */
+    DOL_SUBMIT_DRAINING,     /* 503 */
+    DOL_SUBMIT_INVALID,      /* 400: e.g. a token id out of range */
+} dol_submit_result;
+
+/* Queue a request (takes a reference). On anything but DOL_SUBMIT_OK nothing
+ * is queued and `err` says why in one line. Thread-safe. */
+dol_submit_result dol_scheduler_submit(dol_scheduler *s, dol_request *r,
+                                       char *err, size_t errlen);
+
+/* Stop admitting new requests (submit answers DRAINING); queued and running
+ * ones go on. Thread-safe. */
+void dol_scheduler_drain(dol_scheduler *s);
+
+typedef struct {
+    int queued;              /* requests waiting */
+    int running_seqs;        /* sequences in the running batch */
+    int running_requests;
+    int kv_blocks_total, kv_blocks_used, kv_block_size;
+    uint64_t steps;          /* forward steps so far */
+    uint64_t tokens_prompt, tokens_generated;  /* totals */
+    double last_step_ms;     /* dol_now_ms() at the last loop iteration */
+    bool idle;               /* nothing queued or running */
+    bool draining;
+} dol_scheduler_stats;
+
+void dol_scheduler_get_stats(dol_scheduler *s, dol_scheduler_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,53 @@
+/* include/dolphin/server.h — the HTTP front end (libmicrohttpd): routing,
+ * OpenAI-compatible endpoints, SSE streaming over suspended connections,
+ * readiness state. One internal polling thread; no thread per connection.
+ *
+ * Life cycle: dol_server_start binds and serves at once (so /healthz answers
+ * 503 "loading" while the model loads); dol_server_attach hands it the model,
+ * tokenizer and scheduler; dol_server_set_state moves it through
+ * LOADING -> WARMING -> READY -> DRAINING; dol_server_stop closes it.
+ */
+#ifndef DOLPHIN_SERVER_H
+#define DOLPHIN_SERVER_H
+
+#include "dolphin/common.h"
+#include "dolphin/config.h"
+#include "dolphin/model.h"
+#include "dolphin/scheduler.h"
+#include "dolphin/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    DOL_STATE_LOADING = 0,
+    DOL_STATE_WARMING,
+    DOL_STATE_READY,
+    DOL_STATE_DRAINING,
+} dol_server_state;
+
+typedef struct dol_server dol_server;
+
+/* Bind cfg->host:cfg->port and start serving. The config must outlive the
+ * server. -1 with err (e.g. "cannot bind 127.0.0.1:8080: Address already in
+ * use"). */
+int dol_server_start(const dol_config *cfg, dol_server **out,
+                     char *err, size_t errlen);
+/* Give the server what it needs to answer model requests. Call once, before
+ * moving to WARMING/READY. The objects must outlive the server. */
+void dol_server_attach(dol_server *s, const dol_model *model,
+                       const dol_tokenizer *tok, dol_scheduler *sched);
+void dol_server_set_state(dol_server *s, dol_server_state st);
+dol_server_state dol_server_get_state(const dol_server *s);
+/* The port actually bound (useful with port 0). */
+int dol_server_port(const dol_server *s);
+/* Requests accepted and not yet answered completely (for draining). */
+int dol_server_inflight(const dol_server *s);
+/* Stop listening, close connections, free. */
+void dol_server_stop(dol_server *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

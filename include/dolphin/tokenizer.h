@@ -1,0 +1,92 @@
+/* include/dolphin/tokenizer.h — Llama's sentencepiece tokenizer behind a C
+ * API (the implementation in src/tokenizer/sp_tokenizer.cpp is the only C++
+ * in Dolphin), and an incremental detokenizer for streaming.
+ *
+ * Text in a prompt that looks like a control token ("<s>", "</s>") is encoded
+ * as literal text; BOS is only ever added by `add_bos`. Token ids are int32.
+ */
+#ifndef DOLPHIN_TOKENIZER_H
+#define DOLPHIN_TOKENIZER_H
+
+#include "dolphin/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dol_tokenizer dol_tokenizer;
+
+/* Load a sentencepiece model file (tokenizer.model). On failure -1 and one
+ * line in err naming the file. Caller frees with dol_tokenizer_free. */
+int dol_tokenizer_load(const char *path, dol_tokenizer **out,
+                       char *err, size_t errlen);
+void dol_tokenizer_free(dol_tokenizer *tok);
+
+int dol_tokenizer_vocab_size(const dol_tokenizer *tok);
+int32_t dol_tokenizer_bos_id(const dol_tokenizer *tok);
+int32_t dol_tokenizer_eos_id(const dol_tokenizer *tok);
+
+/* Encode `len` bytes of UTF-8 text. With add_bos the BOS id is prepended.
+ * *ids is malloc'd (caller frees; non-NULL even when *n == 0).
+ * Returns 0, or -1 with err set (e.g. allocation failure). Invalid UTF-8 in
+ * the input is encoded the way sentencepiece does (replacement character). */
+int dol_tokenizer_encode(const dol_tokenizer *tok, const char *text, size_t len,
+                         bool add_bos, int32_t **ids, size_t *n,
+                         char *err, size_t errlen);
+
+/* Decode ids to UTF-8 text exactly as sentencepiece's DecodeIds does
+ * (control tokens such as BOS/EOS produce nothing; byte-fallback pieces are
+ * joined into characters; the leading space of the first word is dropped).
+ * *text is malloc'd and NUL-terminated; *len excludes the NUL.
+ * Ids outside [0, vocab) are an error (-1). */
+int dol_tokenizer_decode(const dol_tokenizer *tok, const int32_t *ids, size_t n,
+                         char **text, size_t *len, char *err, size_t errlen);
+
+/* Piece string of an id ("▁Hello", "<0x0A>"), or NULL when out of range.
+ * The pointer is owned by the tokenizer and valid until it is freed. */
+const char *dol_tokenizer_id_to_piece(const dol_tokenizer *tok, int32_t id);
+/* Id of a piece, or -1 when the piece is not in the vocabulary. */
+int32_t dol_tokenizer_piece_to_id(const dol_tokenizer *tok, const char *piece);
+/* True for control tokens (BOS, EOS, ...). */
+bool dol_tokenizer_is_control(const dol_tokenizer *tok, int32_t id);
+/* True for byte-fallback tokens ("<0x00>".."<0xFF>"): each stands for the
+ * single byte written in hex in its piece. False when out of range. */
+bool dol_tokenizer_is_byte(const dol_tokenizer *tok, int32_t id);
+
+/* Incremental detokenizer: turns generated ids into text chunks whose
+ * concatenation equals decode(prompt + generated) - decode(prompt), each chunk
+ * holding whole UTF-8 characters only (bytes of a character spread over
+ * byte-fallback tokens are held back until complete; bytes that can never
+ * form a valid character are replaced by U+FFFD). The leading space of the
+ * first generated word is kept when the prompt has text before it and
+ * dropped when it does not (empty prompt / BOS only).
+ *
+ * Usage: dol_detok_new(), then dol_detok_push() per generated id, then
+ * dol_detok_finish() once at the end; dol_detok_free() releases it. */
+typedef struct dol_detok dol_detok;
+
+/* prompt_ids: the prompt as sent to the model (BOS included or not);
+ * only its last few tokens are kept as context. Returns NULL on OOM.
+ * Also NULL when a prompt id is outside the vocabulary. When the prompt ends
+ * inside a character spread over byte-fallback tokens and the generated
+ * bytes complete it, the whole completed character is emitted; otherwise
+ * the U+FFFDs of those prompt bytes belong to decode(prompt), not to the
+ * output. */
+dol_detok *dol_detok_new(const dol_tokenizer *tok, const int32_t *prompt_ids,
+                         size_t n_prompt);
+void dol_detok_free(dol_detok *d);
+
+/* Feed one generated id. Appends the newly complete text to *out (a buffer
+ * the caller owns, grown with realloc; *out_len / *out_cap track it; *out is
+ * always NUL-terminated). Returns the number of bytes appended (>= 0), or -1
+ * on error (id out of range, OOM). */
+int dol_detok_push(dol_detok *d, int32_t id, char **out, size_t *out_len,
+                   size_t *out_cap);
+/* End of generation: append whatever is still held back, with incomplete
+ * UTF-8 sequences replaced by U+FFFD. Returns bytes appended or -1. */
+int dol_detok_finish(dol_detok *d, char **out, size_t *out_len, size_t *out_cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

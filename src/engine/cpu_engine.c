@@ -1,0 +1,444 @@
+/* src/engine/cpu_engine.c — the CPU backend of include/dolphin/engine.h: the
+ * Llama forward pass over a batch of sequences with a paged KV cache, in
+ * float32 arithmetic. It is the reference the other backends are tested
+ * against, so it is written to be read top to bottom: embedding, then per
+ * layer RMSNorm -> Q/K/V -> RoPE -> KV-cache write -> attention -> output
+ * projection + residual -> RMSNorm -> SwiGLU MLP + residual, then the final
+ * norm and the logits of the rows that asked for them. */
+#include "dolphin/engine.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cpu_ops.h"
+#include "engine/kv_blocks.h"
+#include "engine/threadpool.h"
+
+#define LOGIT_ROWS_CHUNK 64
+
+typedef struct {
+    float *attn_norm, *ffn_norm;           /* f32 copies, [d] */
+    dol_tensor q, k, v, o, gate, up, down; /* as the matmul reads them */
+} layer_w;
+
+struct dol_engine {
+    const dol_model *model;
+    dol_model_config c;
+    int q_dim, kv_dim, ctx;
+    dol_pool *pool;
+
+    /* weights */
+    layer_w *L;
+    float *final_norm;
+    dol_tensor lm_head, embed;
+    void **owned;             /* buffers converted at load */
+    int n_owned, cap_owned;
+    size_t weight_bytes;
+
+    /* paged KV cache: block b, layer l, K (0) or V (1), row r of the block
+     * starts at kv + b*block_floats + ((l*2 + kv)*block_size + r)*kv_dim */
+    dol_kv_blocks kv;
+    float *kv_pool;
+    size_t block_floats;
+
+    /* RoPE tables [ctx][head_dim/2] */
+    float *rope_cos, *rope_sin;
+
+    /* workspaces for max_T tokens */
+    int max_T;
+    float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits_ws;
+    float *scores;            /* [n_threads][ctx] */
+    int32_t *tok_id, *tok_seq, *tok_pos;
+};
+
+/* ---- weights ------------------------------------------------------------- */
+
+static void *own(dol_engine *e, size_t bytes)
+{
+    if (e->n_owned == e->cap_owned) {
+        int cap = e->cap_owned ? e->cap_owned * 2 : 64;
+        void **o = realloc(e->owned, sizeof(void *) * (size_t)cap);
+        if (!o) return NULL;
+        e->owned = o;
+        e->cap_owned = cap;
+    }
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    e->owned[e->n_owned++] = p;
+    return p;
+}
+
+static float *norm_f32(dol_engine *e, const dol_tensor *t)
+{
+    float *p = own(e, sizeof(float) * (size_t)t->cols);
+    if (p) dol_cpu_to_f32(p, t->data, t->dtype, t->cols);
+    return p;
+}
+
+/* A linear layer in the format the matmul reads: F32 or F16, converted from
+ * the checkpoint only when needed (otherwise the mapped bytes are used). */
+static int prep_linear(dol_engine *e, dol_weight_format fmt, const dol_tensor *src,
+                       dol_tensor *dst)
+{
+    dol_dtype want;
+    if (fmt == DOL_WEIGHTS_F32) want = DOL_DTYPE_F32;
+    else if (fmt == DOL_WEIGHTS_F16) want = DOL_DTYPE_F16;
+    else want = src->dtype == DOL_DTYPE_BF16 ? DOL_DTYPE_F32 : src->dtype;
+    *dst = *src;
+    dst->dtype = want;
+    int64_t n = src->rows * src->cols;
+    e->weight_bytes += (size_t)n * dol_dtype_size(want);
+    if (want == src->dtype) return 0;
+    void *buf = own(e, (size_t)n * dol_dtype_size(want));
+    if (!buf) return -1;
+    if (want == DOL_DTYPE_F32) {
+        dol_cpu_to_f32(buf, src->data, src->dtype, n);
+    } else { /* F16 from F32 or BF16 */
+        uint16_t *h = buf;
+        const void *s = src->data;
+        for (int64_t i = 0; i < n; i++) {
+            float f = src->dtype == DOL_DTYPE_F32 ? ((const float *)s)[i]
+                                                  : dol_bf16_to_f32(((const uint16_t *)s)[i]);
+            h[i] = dol_f32_to_f16(f);
+        }
+    }
+    dst->data = buf;
+    return 0;
+}
+
+/* ---- create / free ------------------------------------------------------- */
+
+static void *xcalloc(size_t n, size_t sz, int *fail)
+{
+    void *p = calloc(n ? n : 1, sz);
+    if (!p) *fail = 1;
+    return p;
+}
+
+int dol_engine_create(const dol_model *model, const dol_engine_params *p,
+                      dol_engine **out, char *err, size_t errlen)
+{
+    dol_engine *e = calloc(1, sizeof *e);
+    if (!e) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
+    e->model = model;
+    e->c = model->cfg;
+    const dol_model_config *c = &e->c;
+    e->q_dim = c->n_heads * c->head_dim;
+    e->kv_dim = c->n_kv_heads * c->head_dim;
+    e->ctx = p->context_len > 0 && p->context_len < c->max_position_embeddings
+                 ? p->context_len : c->max_position_embeddings;
+    int threads = p->n_threads > 0 ? p->n_threads : 1;
+    int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
+    int bs = p->kv_block_size > 0 ? p->kv_block_size : 16;
+    e->max_T = p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048;
+
+    e->pool = dol_pool_new(threads);
+    if (!e->pool) { dol_set_err(err, errlen, "engine: cannot start %d threads", threads); goto fail; }
+
+    /* weights */
+    e->L = calloc((size_t)c->n_layers, sizeof *e->L);
+    if (!e->L) goto oom;
+    for (int l = 0; l < c->n_layers; l++) {
+        const dol_layer_weights *w = &model->layers[l];
+        layer_w *lw = &e->L[l];
+        if (!(lw->attn_norm = norm_f32(e, &w->attn_norm))) goto oom;
+        if (!(lw->ffn_norm = norm_f32(e, &w->ffn_norm))) goto oom;
+        if (prep_linear(e, p->weights, &w->q, &lw->q) || prep_linear(e, p->weights, &w->k, &lw->k) ||
+            prep_linear(e, p->weights, &w->v, &lw->v) || prep_linear(e, p->weights, &w->o, &lw->o) ||
+            prep_linear(e, p->weights, &w->gate, &lw->gate) ||
+            prep_linear(e, p->weights, &w->up, &lw->up) ||
+            prep_linear(e, p->weights, &w->down, &lw->down))
+            goto oom;
+    }
+    if (!(e->final_norm = norm_f32(e, &model->final_norm))) goto oom;
+    if (prep_linear(e, p->weights, &model->lm_head, &e->lm_head)) goto oom;
+    e->embed = model->embed; /* read row by row in its own dtype */
+    e->weight_bytes += (size_t)(model->embed.rows * model->embed.cols) * dol_dtype_size(model->embed.dtype);
+
+    /* KV cache */
+    size_t per_token = (size_t)c->n_layers * 2 * e->kv_dim * sizeof(float);
+    int64_t tokens = p->kv_cache_tokens;
+    if (tokens <= 0 && p->kv_cache_bytes > 0) tokens = p->kv_cache_bytes / (int64_t)per_token;
+    if (tokens <= 0) {
+        tokens = (int64_t)max_seqs * e->ctx;
+        int64_t cap = ((int64_t)1 << 30) / (int64_t)per_token;
+        if (tokens > cap) tokens = cap;
+    }
+    int64_t n_blocks = (tokens + bs - 1) / bs;
+    if (n_blocks < 1 || n_blocks > INT32_MAX / 2) {
+        dol_set_err(err, errlen, "kv_cache: %lld tokens is not a usable pool size", (long long)tokens);
+        goto fail;
+    }
+    e->block_floats = (size_t)c->n_layers * 2 * (size_t)bs * e->kv_dim;
+    size_t kv_bytes = (size_t)n_blocks * e->block_floats * sizeof(float);
+    if (posix_memalign((void **)&e->kv_pool, 64, kv_bytes) != 0) {
+        dol_set_err(err, errlen, "kv_cache: cannot allocate %zu bytes for %lld blocks of %d tokens",
+                    kv_bytes, (long long)n_blocks, bs);
+        e->kv_pool = NULL;
+        goto fail;
+    }
+    if (dol_kv_blocks_init(&e->kv, (int)n_blocks, bs, max_seqs) != 0) goto oom;
+
+    /* RoPE tables, angles in double: theta^(-2i/head_dim) * pos */
+    int half = c->head_dim / 2;
+    e->rope_cos = malloc(sizeof(float) * (size_t)e->ctx * half);
+    e->rope_sin = malloc(sizeof(float) * (size_t)e->ctx * half);
+    if (!e->rope_cos || !e->rope_sin) goto oom;
+    for (int pos = 0; pos < e->ctx; pos++)
+        for (int i = 0; i < half; i++) {
+            double inv = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
+            double a = pos * inv;
+            e->rope_cos[(size_t)pos * half + i] = (float)cos(a);
+            e->rope_sin[(size_t)pos * half + i] = (float)sin(a);
+        }
+
+    /* workspaces */
+    int fail = 0;
+    size_t T = (size_t)e->max_T;
+    size_t wide = (size_t)(c->intermediate_size > e->q_dim ? c->intermediate_size : e->q_dim);
+    e->x = xcalloc(T * c->hidden_size, sizeof(float), &fail);
+    e->xb = xcalloc(T * (size_t)(c->hidden_size > e->q_dim ? c->hidden_size : e->q_dim), sizeof(float), &fail);
+    e->q = xcalloc(T * e->q_dim, sizeof(float), &fail);
+    e->k = xcalloc(T * e->kv_dim, sizeof(float), &fail);
+    e->v = xcalloc(T * e->kv_dim, sizeof(float), &fail);
+    e->att = xcalloc(T * e->q_dim, sizeof(float), &fail);
+    e->hb = xcalloc(T * wide, sizeof(float), &fail);
+    e->hb2 = xcalloc(T * wide, sizeof(float), &fail);
+    e->logits_ws = xcalloc((size_t)LOGIT_ROWS_CHUNK * c->vocab_size, sizeof(float), &fail);
+    e->scores = xcalloc((size_t)threads * e->ctx, sizeof(float), &fail);
+    e->tok_id = xcalloc(T, sizeof(int32_t), &fail);
+    e->tok_seq = xcalloc(T, sizeof(int32_t), &fail);
+    e->tok_pos = xcalloc(T, sizeof(int32_t), &fail);
+    if (fail) goto oom;
+    *out = e;
+    return 0;
+oom:
+    dol_set_err(err, errlen, "engine: out of memory while preparing weights and workspaces");
+fail:
+    dol_engine_free(e);
+    return -1;
+}
+
+void dol_engine_free(dol_engine *e)
+{
+    if (!e) return;
+    dol_pool_free(e->pool);
+    for (int i = 0; i < e->n_owned; i++) free(e->owned[i]);
+    free(e->owned);
+    free(e->L);
+    dol_kv_blocks_destroy(&e->kv);
+    free(e->kv_pool);
+    free(e->rope_cos);
+    free(e->rope_sin);
+    free(e->x); free(e->xb); free(e->q); free(e->k); free(e->v); free(e->att);
+    free(e->hb); free(e->hb2); free(e->logits_ws); free(e->scores);
+    free(e->tok_id); free(e->tok_seq); free(e->tok_pos);
+    free(e);
+}
+
+/* ---- small accessors ----------------------------------------------------- */
+
+int dol_engine_context_len(const dol_engine *e) { return e->ctx; }
+int dol_engine_vocab_size(const dol_engine *e) { return e->c.vocab_size; }
+int dol_engine_seq_new(dol_engine *e) { return dol_kv_seq_new(&e->kv); }
+void dol_engine_seq_free(dol_engine *e, int seq) { dol_kv_seq_free(&e->kv, seq); }
+int dol_engine_seq_reserve(dol_engine *e, int seq, int n)
+{
+    if (n > e->ctx) return -1;
+    return dol_kv_seq_reserve(&e->kv, seq, n);
+}
+int dol_engine_blocks_for(const dol_engine *e, int n)
+{
+    return (n + e->kv.block_size - 1) / e->kv.block_size;
+}
+int dol_engine_kv_blocks_total(const dol_engine *e) { return e->kv.n_blocks; }
+int dol_engine_kv_blocks_free(const dol_engine *e) { return e->kv.n_free; }
+int dol_engine_kv_block_size(const dol_engine *e) { return e->kv.block_size; }
+size_t dol_engine_kv_bytes_per_token(const dol_engine *e)
+{
+    return (size_t)e->c.n_layers * 2 * e->kv_dim * sizeof(float);
+}
+size_t dol_engine_weight_bytes(const dol_engine *e) { return e->weight_bytes; }
+
+static float *kv_row(const dol_engine *e, int32_t block, int layer, int which, int row)
+{
+    return e->kv_pool + (size_t)block * e->block_floats +
+           ((size_t)(layer * 2 + which) * e->kv.block_size + row) * e->kv_dim;
+}
+
+int dol_engine_seq_fork(dol_engine *e, int src, int n_tokens)
+{
+    int32_t cs, cd;
+    int id = dol_kv_seq_fork(&e->kv, src, n_tokens, &cs, &cd);
+    if (id >= 0 && cs >= 0) {
+        int rows = n_tokens % e->kv.block_size;
+        for (int l = 0; l < e->c.n_layers; l++)
+            for (int w = 0; w < 2; w++)
+                memcpy(kv_row(e, cd, l, w, 0), kv_row(e, cs, l, w, 0),
+                       sizeof(float) * (size_t)rows * e->kv_dim);
+    }
+    return id;
+}
+
+/* ---- attention ----------------------------------------------------------- */
+
+typedef struct {
+    dol_engine *e;
+    int layer;
+} attn_job;
+
+/* One (token, head): causal softmax attention over the sequence's cached
+ * positions 0..pos (scaled dot product, Vaswani et al. 2017), with grouped
+ * query heads sharing K/V head h / (n_heads / n_kv_heads) (GQA, Ainslie et
+ * al. 2023). */
+static void attn_task(void *ctx, int task, int worker)
+{
+    attn_job *j = ctx;
+    dol_engine *e = j->e;
+    const dol_model_config *c = &e->c;
+    int t = task / c->n_heads, h = task % c->n_heads;
+    int hd = c->head_dim, bs = e->kv.block_size;
+    int kvh = h / (c->n_heads / c->n_kv_heads);
+    int pos = e->tok_pos[t];
+    const dol_kv_seq *s = &e->kv.seqs[e->tok_seq[t]];
+    const float *q = e->q + (size_t)t * e->q_dim + (size_t)h * hd;
+    float *sc = e->scores + (size_t)worker * e->ctx;
+    float scale = 1.0f / sqrtf((float)hd);
+
+    float maxv = -INFINITY;
+    for (int p = 0; p <= pos; p++) {
+        const float *kp = kv_row(e, s->table[p / bs], j->layer, 0, p % bs) + (size_t)kvh * hd;
+        float v = dol_cpu_dot(q, kp, DOL_DTYPE_F32, hd) * scale;
+        sc[p] = v;
+        if (v > maxv) maxv = v;
+    }
+    float sum = 0.0f;
+    for (int p = 0; p <= pos; p++) {
+        sc[p] = expf(sc[p] - maxv);
+        sum += sc[p];
+    }
+    float inv = 1.0f / sum;
+    float *o = e->att + (size_t)t * e->q_dim + (size_t)h * hd;
+    memset(o, 0, sizeof(float) * (size_t)hd);
+    for (int p = 0; p <= pos; p++) {
+        const float *vp = kv_row(e, s->table[p / bs], j->layer, 1, p % bs) + (size_t)kvh * hd;
+        float a = sc[p] * inv;
+        for (int i = 0; i < hd; i++) o[i] += a * vp[i];
+    }
+}
+
+/* ---- the forward pass ---------------------------------------------------- */
+
+int dol_engine_forward(dol_engine *e, dol_batch_item *items, int n_items,
+                       char *err, size_t errlen)
+{
+    const dol_model_config *c = &e->c;
+    const int d = c->hidden_size, f = c->intermediate_size;
+    const int half = c->head_dim / 2;
+
+    /* Flatten the items into T token rows (no padding). */
+    int T = 0;
+    for (int i = 0; i < n_items; i++) {
+        dol_batch_item *it = &items[i];
+        if (!dol_kv_seq_live(&e->kv, it->seq)) {
+            dol_set_err(err, errlen, "forward: sequence %d is not live", it->seq);
+            return -1;
+        }
+        if (it->n_tokens < 1 || it->start_pos < 0 ||
+            it->start_pos + it->n_tokens > e->kv.seqs[it->seq].n_tokens) {
+            dol_set_err(err, errlen, "forward: sequence %d: positions %d..%d not reserved",
+                        it->seq, it->start_pos, it->start_pos + it->n_tokens - 1);
+            return -1;
+        }
+        if (it->n_logits < 0 || it->n_logits > it->n_tokens || (it->n_logits && !it->logits)) {
+            dol_set_err(err, errlen, "forward: sequence %d: bad logits request", it->seq);
+            return -1;
+        }
+        if (T + it->n_tokens > e->max_T) {
+            dol_set_err(err, errlen, "forward: more than %d tokens in one call", e->max_T);
+            return -1;
+        }
+        for (int k = 0; k < it->n_tokens; k++) {
+            int32_t id = it->tokens[k];
+            if (id < 0 || id >= c->vocab_size) {
+                dol_set_err(err, errlen, "forward: token id %d out of range", id);
+                return -1;
+            }
+            e->tok_id[T] = id;
+            e->tok_seq[T] = it->seq;
+            e->tok_pos[T] = it->start_pos + k;
+            T++;
+        }
+    }
+    if (T == 0) return 0;
+
+    /* Embedding */
+    for (int t = 0; t < T; t++) dol_cpu_embed_row(e->x + (size_t)t * d, &e->embed, e->tok_id[t]);
+
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_w *w = &e->L[l];
+
+        /* Attention block: RMSNorm, Q/K/V projections */
+        for (int t = 0; t < T; t++)
+            dol_cpu_rmsnorm(e->xb + (size_t)t * d, e->x + (size_t)t * d, w->attn_norm, d, c->rms_norm_eps);
+        dol_cpu_matmul(e->pool, e->q, e->xb, T, d, w->q.data, w->q.dtype, e->q_dim);
+        dol_cpu_matmul(e->pool, e->k, e->xb, T, d, w->k.data, w->k.dtype, e->kv_dim);
+        dol_cpu_matmul(e->pool, e->v, e->xb, T, d, w->v.data, w->v.dtype, e->kv_dim);
+
+        /* RoPE on q and k, then K/V into the sequence's blocks */
+        for (int t = 0; t < T; t++) {
+            int pos = e->tok_pos[t];
+            const float *cr = e->rope_cos + (size_t)pos * half, *sr = e->rope_sin + (size_t)pos * half;
+            dol_cpu_rope(e->q + (size_t)t * e->q_dim, c->n_heads, c->head_dim, cr, sr);
+            dol_cpu_rope(e->k + (size_t)t * e->kv_dim, c->n_kv_heads, c->head_dim, cr, sr);
+            const dol_kv_seq *s = &e->kv.seqs[e->tok_seq[t]];
+            int32_t blk = s->table[pos / e->kv.block_size];
+            int row = pos % e->kv.block_size;
+            memcpy(kv_row(e, blk, l, 0, row), e->k + (size_t)t * e->kv_dim, sizeof(float) * e->kv_dim);
+            memcpy(kv_row(e, blk, l, 1, row), e->v + (size_t)t * e->kv_dim, sizeof(float) * e->kv_dim);
+        }
+
+        /* Causal attention of every token over its own sequence */
+        attn_job aj = { e, l };
+        dol_pool_run(e->pool, attn_task, &aj, T * c->n_heads);
+
+        /* Output projection and residual */
+        dol_cpu_matmul(e->pool, e->xb, e->att, T, e->q_dim, w->o.data, w->o.dtype, d);
+        for (size_t i = 0; i < (size_t)T * d; i++) e->x[i] += e->xb[i];
+
+        /* MLP block: RMSNorm, SwiGLU (Shazeer 2020), residual */
+        for (int t = 0; t < T; t++)
+            dol_cpu_rmsnorm(e->xb + (size_t)t * d, e->x + (size_t)t * d, w->ffn_norm, d, c->rms_norm_eps);
+        dol_cpu_matmul(e->pool, e->hb, e->xb, T, d, w->gate.data, w->gate.dtype, f);
+        dol_cpu_matmul(e->pool, e->hb2, e->xb, T, d, w->up.data, w->up.dtype, f);
+        dol_cpu_silu_mul(e->hb, e->hb, e->hb2, T * f);
+        dol_cpu_matmul(e->pool, e->xb, e->hb, T, f, w->down.data, w->down.dtype, d);
+        for (size_t i = 0; i < (size_t)T * d; i++) e->x[i] += e->xb[i];
+    }
+
+    /* Final norm and logits, only for the rows that want them. Rows of all
+     * items go through lm_head together, LOGIT_ROWS_CHUNK at a time. */
+    int rows = 0, t0 = 0;
+    for (int i = 0; i < n_items; i++) {
+        dol_batch_item *it = &items[i];
+        for (int k = it->n_tokens - it->n_logits; k < it->n_tokens; k++)
+            dol_cpu_rmsnorm(e->xb + (size_t)rows++ * d, e->x + (size_t)(t0 + k) * d,
+                            e->final_norm, d, c->rms_norm_eps);
+        t0 += it->n_tokens;
+    }
+    int item = 0, item_row = 0;
+    for (int r0 = 0; r0 < rows; r0 += LOGIT_ROWS_CHUNK) {
+        int nr = rows - r0 < LOGIT_ROWS_CHUNK ? rows - r0 : LOGIT_ROWS_CHUNK;
+        dol_cpu_matmul(e->pool, e->logits_ws, e->xb + (size_t)r0 * d, nr, d,
+                       e->lm_head.data, e->lm_head.dtype, c->vocab_size);
+        for (int r = 0; r < nr; r++) {
+            while (item_row >= items[item].n_logits) { item++; item_row = 0; }
+            memcpy(items[item].logits + (size_t)item_row * c->vocab_size,
+                   e->logits_ws + (size_t)r * c->vocab_size, sizeof(float) * c->vocab_size);
+            item_row++;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,45 @@
+/* src/engine/cpu_ops.h — the CPU reference kernels of the forward pass:
+ * matrix products over F32/F16 weights, RMSNorm, RoPE, SiLU-gated product,
+ * embedding lookup. float32 arithmetic throughout. Each output element is
+ * computed by the same instruction sequence whatever the batch size or the
+ * thread split, so results are batch-invariant bit for bit. These are also
+ * the references that the CUDA kernels are tested against. */
+#ifndef DOLPHIN_ENGINE_CPU_OPS_H
+#define DOLPHIN_ENGINE_CPU_OPS_H
+
+#include <stdint.h>
+
+#include "dolphin/model.h"
+#include "engine/threadpool.h"
+
+/* out[t][n] = sum_k x[t][k] * W[n][k]  for t < T, n < N, k < K.
+ * x: [T][K] f32 row-major; W: N rows of K elements (dtype F32 or F16);
+ * out: [T][N] f32 row-major (must not alias x). Parallel over N on pool. */
+void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
+                    const void *W, dol_dtype wtype, int N);
+
+/* Dot product of n floats x with n weights of dtype wtype; the exact
+ * summation order used by dol_cpu_matmul. */
+float dol_cpu_dot(const float *x, const void *w, dol_dtype wtype, int n);
+
+/* RMSNorm (Zhang & Sennrich 2019): out = x / sqrt(mean(x^2) + eps) * w,
+ * over one row of n floats. out may alias x. */
+void dol_cpu_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+
+/* RoPE (Su et al. 2021) in the Hugging Face layout: within each head of
+ * head_dim values, element i pairs with i + head_dim/2 ("rotate_half").
+ * x: n_heads * head_dim floats of one token, rotated in place by the angles
+ * of position `pos`; cos/sin tables are [pos][head_dim/2]. */
+void dol_cpu_rope(float *x, int n_heads, int head_dim, const float *cos_row,
+                  const float *sin_row);
+
+/* out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)). out may alias gate. */
+void dol_cpu_silu_mul(float *out, const float *gate, const float *up, int n);
+
+/* Copy row `id` of an embedding table [vocab][d] (any dtype) to out[d] as f32. */
+void dol_cpu_embed_row(float *out, const dol_tensor *table, int32_t id);
+
+/* Convert n elements of dtype t at src to f32. */
+void dol_cpu_to_f32(float *dst, const void *src, dol_dtype t, int64_t n);
+
+#endif

@@ -1,0 +1,215 @@
+/* src/engine/sampler.c — next-token selection (see sampler.h): penalties,
+ * logit bias, greedy argmax, temperature + top-k + top-p + min-p sampling,
+ * log-probabilities, and the per-request RNG. */
+#include "dolphin/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void dol_sampling_params_default(dol_sampling_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->temperature = 1.0f;
+    p->top_p = 1.0f;
+    p->repetition_penalty = 1.0f;
+}
+
+/* ---- RNG: splitmix64 seeding, xoshiro256** generation --------------------- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void dol_rng_seed(dol_rng *r, uint64_t seed)
+{
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t dol_rng_next(dol_rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+float dol_rng_float(dol_rng *r) { return (float)(dol_rng_next(r) >> 40) / 16777216.0f; }
+
+/* ---- sampler ------------------------------------------------------------- */
+
+typedef struct { float p; int32_t id; } cand;
+
+struct dol_sampler {
+    int vocab;
+    cand *c;
+    int32_t *count;   /* occurrences of each id among generated tokens */
+    uint8_t *seen;    /* id occurs in prompt or generated */
+};
+
+dol_sampler *dol_sampler_new(int vocab)
+{
+    dol_sampler *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->vocab = vocab;
+    s->c = malloc(sizeof(cand) * (size_t)vocab);
+    s->count = calloc((size_t)vocab, sizeof(int32_t));
+    s->seen = calloc((size_t)vocab, 1);
+    if (!s->c || !s->count || !s->seen) { dol_sampler_free(s); return NULL; }
+    return s;
+}
+
+void dol_sampler_free(dol_sampler *s)
+{
+    if (!s) return;
+    free(s->c);
+    free(s->count);
+    free(s->seen);
+    free(s);
+}
+
+void dol_sampler_apply_penalties(dol_sampler *s, const dol_sampling_params *p,
+                                 float *logits, const int32_t *hist,
+                                 int n_hist, int n_prompt)
+{
+    bool rep = p->repetition_penalty != 1.0f && p->repetition_penalty > 0.0f;
+    bool pf = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    if (rep || pf) {
+        for (int i = 0; i < n_hist; i++) {
+            int32_t id = hist[i];
+            if (id < 0 || id >= s->vocab) continue;
+            s->seen[id] = 1;
+            if (i >= n_prompt) s->count[id]++;
+        }
+        for (int i = 0; i < n_hist; i++) {
+            int32_t id = hist[i];
+            if (id < 0 || id >= s->vocab || !s->seen[id]) continue;
+            s->seen[id] = 0; /* visit each id once */
+            float *l = &logits[id];
+            /* CTRL: divide positive logits, multiply negative ones */
+            if (rep) *l = *l > 0.0f ? *l / p->repetition_penalty : *l * p->repetition_penalty;
+            if (s->count[id] > 0) {
+                *l -= p->frequency_penalty * (float)s->count[id];
+                *l -= p->presence_penalty;
+            }
+            s->count[id] = 0;
+        }
+    }
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        int32_t id = p->logit_bias_ids[i];
+        if (id >= 0 && id < s->vocab) logits[id] += p->logit_bias_vals[i];
+    }
+}
+
+static int32_t argmax(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static int cand_desc(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->p > y->p) return -1;
+    if (x->p < y->p) return 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+int32_t dol_sampler_pick(dol_sampler *s, const dol_sampling_params *p,
+                         const float *logits, dol_rng *rng)
+{
+    int n = s->vocab;
+    if (p->temperature <= 0.0f) return argmax(logits, n);
+
+    /* softmax(logits / T) */
+    float maxl = logits[argmax(logits, n)];
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        float v = expf((logits[i] - maxl) / p->temperature);
+        s->c[i].p = v;
+        s->c[i].id = i;
+        sum += v;
+    }
+    int m = n;
+    /* top-k: keep the k most likely (partial work: sort once, then cut) */
+    qsort(s->c, (size_t)n, sizeof(cand), cand_desc);
+    if (p->top_k > 0 && p->top_k < m) {
+        m = p->top_k;
+        sum = 0.0;
+        for (int i = 0; i < m; i++) sum += s->c[i].p;
+    }
+    /* min-p (Nguyen et al. 2024): drop tokens below min_p * p(top) */
+    if (p->min_p > 0.0f) {
+        float cut = p->min_p * s->c[0].p;
+        int k = 1;
+        while (k < m && s->c[k].p >= cut) k++;
+        if (k < m) {
+            m = k;
+            sum = 0.0;
+            for (int i = 0; i < m; i++) sum += s->c[i].p;
+        }
+    }
+    /* top-p (Holtzman et al. 2020): smallest prefix with mass >= top_p */
+    if (p->top_p > 0.0f && p->top_p < 1.0f) {
+        double acc = 0.0, target = p->top_p * sum;
+        int k = 0;
+        while (k < m) {
+            acc += s->c[k].p;
+            k++;
+            if (acc >= target) break;
+        }
+        m = k;
+        sum = acc;
+    }
+    double r = (double)dol_rng_float(rng) * sum, acc = 0.0;
+    for (int i = 0; i < m; i++) {
+        acc += s->c[i].p;
+        if (r < acc) return s->c[i].id;
+    }
+    return s->c[m - 1].id;
+}
+
+/* ---- log-probabilities --------------------------------------------------- */
+
+static double log_sum_exp(const float *logits, int vocab)
+{
+    float maxl = logits[argmax(logits, vocab)];
+    double sum = 0.0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - maxl);
+    return maxl + log(sum);
+}
+
+float dol_logprob_of(const float *logits, int vocab, int32_t id)
+{
+    return (float)((double)logits[id] - log_sum_exp(logits, vocab));
+}
+
+void dol_top_logprobs(const float *logits, int vocab, int k, int32_t *ids, float *lps)
+{
+    if (k > 8) k = 8;
+    if (k <= 0) return;
+    double lse = log_sum_exp(logits, vocab);
+    int n = 0;
+    for (int i = 0; i < vocab; i++) {
+        float v = logits[i];
+        if (n == k && v <= logits[ids[n - 1]]) continue;
+        int j = n < k ? n++ : k - 1;
+        while (j > 0 && logits[ids[j - 1]] < v) { ids[j] = ids[j - 1]; j--; }
+        ids[j] = i;
+    }
+    for (int i = 0; i < n; i++) lps[i] = (float)((double)logits[ids[i]] - lse);
+}

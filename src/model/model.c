@@ -1,0 +1,621 @@
+/* src/model/model.c — loads a Hugging Face Llama checkpoint directory:
+ * config.json (hyper-parameters, refusing what we do not implement) and the
+ * weights from model.safetensors or the shards named by
+ * model.safetensors.index.json, bound by their Hugging Face names and checked
+ * against the config. Weights stay in the read-only mappings; only tensors
+ * whose data is misaligned are copied. */
+#include "dolphin/model.h"
+#include "safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define CONFIG_NAME "config.json"
+#define WEIGHTS_NAME "model.safetensors"
+#define INDEX_NAME "model.safetensors.index.json"
+#define MAX_JSON_FILE (64u << 20)  /* config.json / index: far above any real one */
+#define MAX_LAYERS 65536
+
+/* Loader-private part of a dol_model (m->priv). */
+typedef struct {
+    dol_st_file *files;   /* one per safetensors file, each opened once */
+    int n_files;
+    void **owned;         /* realigned copies of tensors */
+    int n_owned, cap_owned;
+} model_priv;
+
+/* ----------------------------------------------------------------------------
+ * small helpers */
+
+/* Read a whole (small) file into a NUL-terminated buffer. */
+static char *read_text_file(const char *path, const char *fname, size_t *len,
+                            char *err, size_t errlen)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        dol_set_err(err, errlen, "%s: cannot open: %s", fname, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
+        dol_set_err(err, errlen, "%s: not a regular file", fname);
+        fclose(fp);
+        return NULL;
+    }
+    if ((uint64_t)st.st_size > MAX_JSON_FILE) {
+        dol_set_err(err, errlen, "%s: file too large (%lld bytes)", fname,
+                    (long long)st.st_size);
+        fclose(fp);
+        return NULL;
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        dol_set_err(err, errlen, "%s: out of memory", fname);
+        fclose(fp);
+        return NULL;
+    }
+    size_t got = fread(buf, 1, n, fp);
+    if (got != n || ferror(fp)) {
+        dol_set_err(err, errlen, "%s: read error", fname);
+        free(buf);
+        fclose(fp);
+        return NULL;
+    }
+    fclose(fp);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* Read and parse a JSON file that must hold an object. */
+static cJSON *read_json_object(const char *path, const char *fname, char *err, size_t errlen)
+{
+    size_t len = 0;
+    char *text = read_text_file(path, fname, &len, err, errlen);
+    if (!text) return NULL;
+    cJSON *root = cJSON_ParseWithLength(text, len + 1);   /* include the NUL */
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        size_t pos = (at && at >= text && at <= text + len) ? (size_t)(at - text) : 0;
+        dol_set_err(err, errlen, "%s: not valid JSON (near byte %zu)", fname, pos);
+        free(text);
+        return NULL;
+    }
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        dol_set_err(err, errlen, "%s: not a JSON object", fname);
+        cJSON_Delete(root);
+        return NULL;
+    }
+    return root;
+}
+
+/* Messages must stay one line even when they quote names or values taken
+ * from the files: control characters become '?'. */
+static void one_line(char *err, size_t errlen)
+{
+    if (!err) return;
+    for (size_t i = 0; i < errlen && err[i]; i++)
+        if ((unsigned char)err[i] < 0x20 || err[i] == 0x7f) err[i] = '?';
+}
+
+/* A short description of a JSON value for messages: 12, "gelu", true, ... */
+static void describe(const cJSON *j, char *buf, size_t len)
+{
+    if (cJSON_IsNumber(j)) snprintf(buf, len, "%.17g", j->valuedouble);
+    else if (cJSON_IsString(j)) snprintf(buf, len, "\"%.60s\"", j->valuestring);
+    else if (cJSON_IsTrue(j)) snprintf(buf, len, "true");
+    else if (cJSON_IsFalse(j)) snprintf(buf, len, "false");
+    else if (cJSON_IsNull(j)) snprintf(buf, len, "null");
+    else if (cJSON_IsArray(j)) snprintf(buf, len, "an array");
+    else if (cJSON_IsObject(j)) snprintf(buf, len, "an object");
+    else snprintf(buf, len, "?");
+}
+
+static bool absent(const cJSON *j) { return j == NULL || cJSON_IsNull(j); }
+
+/* strcpy that truncates to fit dst. */
+static void copy_str(char *dst, size_t len, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= len) n = len - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* ----------------------------------------------------------------------------
+ * config.json */
+
+/* An integer value in [lo, INT_MAX] for field `key`. Absent or null: `def`
+ * unless required. */
+static int cfg_int_value(const cJSON *j, const char *key, bool required, int lo, int def,
+                         int *out, char *err, size_t errlen)
+{
+    if (absent(j)) {
+        if (required) {
+            dol_set_err(err, errlen, CONFIG_NAME ": field %s: missing", key);
+            return -1;
+        }
+        *out = def;
+        return 0;
+    }
+    if (cJSON_IsNumber(j) && j->valuedouble >= lo && j->valuedouble <= INT_MAX &&
+        (double)(int)j->valuedouble == j->valuedouble) {
+        *out = (int)j->valuedouble;
+        return 0;
+    }
+    char got[96];
+    describe(j, got, sizeof got);
+    dol_set_err(err, errlen, CONFIG_NAME ": field %s: must be %s integer (got %s)", key,
+                lo > 0 ? "a positive" : "a non-negative", got);
+    return -1;
+}
+
+static int cfg_int(const cJSON *root, const char *key, bool required, int lo, int def,
+                   int *out, char *err, size_t errlen)
+{
+    return cfg_int_value(cJSON_GetObjectItemCaseSensitive(root, key), key, required, lo, def,
+                         out, err, errlen);
+}
+
+/* A positive finite number. Absent or null: `def`. */
+static int cfg_pos_float(const cJSON *root, const char *key, float def, float *out,
+                         char *err, size_t errlen)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (absent(j)) {
+        *out = def;
+        return 0;
+    }
+    if (cJSON_IsNumber(j) && isfinite(j->valuedouble) && j->valuedouble > 0 &&
+        j->valuedouble <= 3.0e38) {
+        *out = (float)j->valuedouble;
+        if (*out > 0) return 0;   /* not lost to F32 underflow */
+    }
+    char got[96];
+    describe(j, got, sizeof got);
+    dol_set_err(err, errlen, CONFIG_NAME ": field %s: must be a positive number (got %s)",
+                key, got);
+    return -1;
+}
+
+/* A boolean that must be absent/null/false (features we do not implement). */
+static int cfg_must_be_false(const cJSON *root, const char *key, char *err, size_t errlen)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (absent(j) || cJSON_IsFalse(j)) return 0;
+    char got[96];
+    describe(j, got, sizeof got);
+    dol_set_err(err, errlen, CONFIG_NAME ": field %s: unsupported value %s (only false)",
+                key, got);
+    return -1;
+}
+
+/* A token id: an integer >= 0, or (as some configs write eos) a list whose
+ * first element is one. */
+static int cfg_token_id(const cJSON *root, const char *key, int def, int *out,
+                        char *err, size_t errlen)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (cJSON_IsArray(j) && cJSON_GetArraySize(j) > 0) j = cJSON_GetArrayItem(j, 0);
+    return cfg_int_value(j, key, false, 0, def, out, err, errlen);
+}
+
+static int config_from_json(const cJSON *root, dol_model_config *c, char *err, size_t errlen)
+{
+    char got[96];
+
+    /* what we implement: LlamaForCausalLM, SiLU, plain RoPE, no biases */
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    if (!absent(arch)) {
+        bool ok = false;
+        const cJSON *a;
+        if (cJSON_IsArray(arch))
+            cJSON_ArrayForEach(a, arch)
+                if (cJSON_IsString(a) && strcmp(a->valuestring, "LlamaForCausalLM") == 0)
+                    ok = true;
+        if (!ok) {
+            const cJSON *first = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : arch;
+            if (first) describe(first, got, sizeof got);
+            else snprintf(got, sizeof got, "[]");
+            dol_set_err(err, errlen, CONFIG_NAME ": field architectures: unsupported value "
+                        "%s (only LlamaForCausalLM)", got);
+            return -1;
+        }
+    }
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (!absent(act) && !(cJSON_IsString(act) && strcmp(act->valuestring, "silu") == 0)) {
+        describe(act, got, sizeof got);
+        dol_set_err(err, errlen, CONFIG_NAME ": field hidden_act: unsupported value %s "
+                    "(only silu)", got);
+        return -1;
+    }
+    if (!absent(cJSON_GetObjectItemCaseSensitive(root, "rope_scaling"))) {
+        dol_set_err(err, errlen, CONFIG_NAME ": field rope_scaling: unsupported value "
+                    "(only null)");
+        return -1;
+    }
+    if (cfg_must_be_false(root, "attention_bias", err, errlen) != 0) return -1;
+    if (cfg_must_be_false(root, "mlp_bias", err, errlen) != 0) return -1;
+
+    /* sizes */
+    if (cfg_int(root, "hidden_size", true, 1, 0, &c->hidden_size, err, errlen) ||
+        cfg_int(root, "intermediate_size", true, 1, 0, &c->intermediate_size, err, errlen) ||
+        cfg_int(root, "num_hidden_layers", true, 1, 0, &c->n_layers, err, errlen) ||
+        cfg_int(root, "num_attention_heads", true, 1, 0, &c->n_heads, err, errlen) ||
+        cfg_int(root, "vocab_size", true, 1, 0, &c->vocab_size, err, errlen) ||
+        cfg_int(root, "num_key_value_heads", false, 1, c->n_heads, &c->n_kv_heads, err, errlen) ||
+        cfg_int(root, "max_position_embeddings", false, 1, 2048,
+                &c->max_position_embeddings, err, errlen))
+        return -1;
+    if (c->n_layers > MAX_LAYERS) {
+        dol_set_err(err, errlen, CONFIG_NAME ": field num_hidden_layers: %d is implausibly "
+                    "large (limit %d)", c->n_layers, MAX_LAYERS);
+        return -1;
+    }
+    if (c->hidden_size % c->n_heads != 0) {
+        dol_set_err(err, errlen, CONFIG_NAME ": field hidden_size: %d is not divisible by "
+                    "num_attention_heads %d", c->hidden_size, c->n_heads);
+        return -1;
+    }
+    if (c->n_heads % c->n_kv_heads != 0) {
+        dol_set_err(err, errlen, CONFIG_NAME ": field num_key_value_heads: %d does not "
+                    "divide num_attention_heads %d", c->n_kv_heads, c->n_heads);
+        return -1;
+    }
+    c->head_dim = c->hidden_size / c->n_heads;
+    if (c->head_dim % 2 != 0) {
+        dol_set_err(err, errlen, CONFIG_NAME ": field hidden_size: head dimension %d "
+                    "(hidden_size / num_attention_heads) must be even for RoPE", c->head_dim);
+        return -1;
+    }
+    const cJSON *hd = cJSON_GetObjectItemCaseSensitive(root, "head_dim");
+    if (!absent(hd) && !(cJSON_IsNumber(hd) && hd->valuedouble == c->head_dim)) {
+        describe(hd, got, sizeof got);
+        dol_set_err(err, errlen, CONFIG_NAME ": field head_dim: unsupported value %s (only "
+                    "hidden_size / num_attention_heads = %d)", got, c->head_dim);
+        return -1;
+    }
+
+    /* the rest */
+    if (cfg_pos_float(root, "rms_norm_eps", 1e-6f, &c->rms_norm_eps, err, errlen) ||
+        cfg_pos_float(root, "rope_theta", 10000.0f, &c->rope_theta, err, errlen))
+        return -1;
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    if (absent(tie)) {
+        c->tie_word_embeddings = false;
+    } else if (cJSON_IsBool(tie)) {
+        c->tie_word_embeddings = cJSON_IsTrue(tie);
+    } else {
+        describe(tie, got, sizeof got);
+        dol_set_err(err, errlen, CONFIG_NAME ": field tie_word_embeddings: must be true or "
+                    "false (got %s)", got);
+        return -1;
+    }
+    if (cfg_token_id(root, "bos_token_id", 1, &c->bos_token_id, err, errlen) ||
+        cfg_token_id(root, "eos_token_id", 2, &c->eos_token_id, err, errlen))
+        return -1;
+    if (c->bos_token_id >= c->vocab_size) {
+        dol_set_err(err, errlen, CONFIG_NAME ": field bos_token_id: %d is not below "
+                    "vocab_size %d", c->bos_token_id, c->vocab_size);
+        return -1;
+    }
+    if (c->eos_token_id >= c->vocab_size) {
+        dol_set_err(err, errlen, CONFIG_NAME ": field eos_token_id: %d is not below "
+                    "vocab_size %d", c->eos_token_id, c->vocab_size);
+        return -1;
+    }
+    return 0;
+}
+
+int dol_model_config_load(const char *dir, dol_model_config *cfg, char *err, size_t errlen)
+{
+    char path[2048];
+    if (snprintf(path, sizeof path, "%s/" CONFIG_NAME, dir) >= (int)sizeof path) {
+        dol_set_err(err, errlen, CONFIG_NAME ": path too long");
+        return -1;
+    }
+    cJSON *root = read_json_object(path, CONFIG_NAME, err, errlen);
+    if (!root) return -1;
+    dol_model_config c;
+    memset(&c, 0, sizeof c);
+    int rc = config_from_json(root, &c, err, errlen);
+    cJSON_Delete(root);
+    if (rc == 0) *cfg = c;
+    else one_line(err, errlen);
+    return rc;
+}
+
+/* ----------------------------------------------------------------------------
+ * weights */
+
+/* Where each tensor lives while loading. */
+typedef struct {
+    dol_model *m;
+    model_priv *p;
+    cJSON *weight_map;        /* index mode: the index's "weight_map", else NULL */
+    cJSON *index;             /* index mode: the whole parsed index */
+} loader;
+
+/* A shard name from the index must be a plain file name in the directory. */
+static bool shard_name_ok(const char *s)
+{
+    return s[0] != '\0' && strchr(s, '/') == NULL && strstr(s, "..") == NULL;
+}
+
+static int open_file(loader *L, const char *fname, char *err, size_t errlen)
+{
+    char path[2048];
+    if (snprintf(path, sizeof path, "%s/%s", L->m->dir, fname) >= (int)sizeof path) {
+        dol_set_err(err, errlen, "%s: path too long", fname);
+        return -1;
+    }
+    if (dol_st_open(&L->p->files[L->p->n_files], path, err, errlen) != 0) return -1;
+    L->p->n_files++;
+    return 0;
+}
+
+/* Index mode: parse the index, check its shard names, open each shard once
+ * (L->p->files in order of first appearance). */
+static int open_index(loader *L, const char *path, char *err, size_t errlen)
+{
+    L->index = read_json_object(path, INDEX_NAME, err, errlen);
+    if (!L->index) return -1;
+    L->weight_map = cJSON_GetObjectItemCaseSensitive(L->index, "weight_map");
+    if (!cJSON_IsObject(L->weight_map)) {
+        dol_set_err(err, errlen, INDEX_NAME ": field weight_map: missing or not an object");
+        return -1;
+    }
+    int n = cJSON_GetArraySize(L->weight_map);
+    L->p->files = calloc(n ? (size_t)n : 1, sizeof *L->p->files);
+    if (!L->p->files) {
+        dol_set_err(err, errlen, INDEX_NAME ": out of memory");
+        return -1;
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, L->weight_map) {
+        if (!cJSON_IsString(e) || !shard_name_ok(e->valuestring)) {
+            char got[96];
+            describe(e, got, sizeof got);
+            dol_set_err(err, errlen, INDEX_NAME ": tensor %s: shard %s is not a plain file "
+                        "name in the model directory", e->string, got);
+            return -1;
+        }
+        bool seen = false;
+        for (int i = 0; i < L->p->n_files && !seen; i++)
+            seen = strcmp(L->p->files[i].fname, e->valuestring) == 0;
+        if (!seen && open_file(L, e->valuestring, err, errlen) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Find the header entry for `name`: the file it is in, or an error naming
+ * the file (or the index) that should have held it. */
+static const dol_st_tensor *find_tensor(loader *L, const char *name, const dol_st_file **file,
+                                        const char *why, char *err, size_t errlen)
+{
+    const dol_st_file *f = &L->p->files[0];
+    if (L->weight_map) {
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(L->weight_map, name);
+        if (!s) {
+            dol_set_err(err, errlen, INDEX_NAME ": missing tensor %s%s", name, why);
+            return NULL;
+        }
+        for (int i = 0; i < L->p->n_files; i++)
+            if (strcmp(L->p->files[i].fname, s->valuestring) == 0) f = &L->p->files[i];
+    }
+    const dol_st_tensor *t = dol_st_find(f, name);
+    if (!t) {
+        dol_set_err(err, errlen, "%s: missing tensor %s%s", f->fname, name, why);
+        return NULL;
+    }
+    *file = f;
+    return t;
+}
+
+/* Bind tensor `name` into dst, checking dtype and shape [rows, cols]
+ * (rows == 0: a 1-D tensor of `cols` elements). */
+static int bind(loader *L, const char *name, int64_t rows, int64_t cols, dol_tensor *dst,
+                char *err, size_t errlen)
+{
+    const dol_st_file *f = NULL;
+    const dol_st_tensor *t = find_tensor(L, name, &f, "", err, errlen);
+    if (!t) return -1;
+
+    if (!t->supported) {
+        dol_set_err(err, errlen, "%s: tensor %s: unsupported dtype %s (only F32, F16, BF16)",
+                    f->fname, name, t->dtype);
+        return -1;
+    }
+    int64_t want[2] = {rows, cols};
+    int want_ndim = rows ? 2 : 1;
+    const int64_t *w = rows ? want : want + 1;
+    bool same = t->ndim == want_ndim;
+    for (int i = 0; same && i < want_ndim; i++) same = t->shape[i] == w[i];
+    if (!same) {
+        char have[160], need[64];
+        dol_st_shape_str(t->shape, t->ndim, have, sizeof have);
+        dol_st_shape_str(w, want_ndim, need, sizeof need);
+        dol_set_err(err, errlen, "%s: tensor %s: shape %s but config says %s",
+                    f->fname, name, have, need);
+        return -1;
+    }
+
+    size_t esize = dol_dtype_size(t->type);
+    size_t nbytes = (size_t)(t->end - t->begin);
+    const uint8_t *src = f->data + t->begin;
+    const void *data = src;
+    if ((uintptr_t)src % esize != 0) {
+        /* misaligned inside the mapping: keep an aligned copy */
+        model_priv *p = L->p;
+        if (p->n_owned == p->cap_owned) {
+            int cap = p->cap_owned ? 2 * p->cap_owned : 16;
+            void **o = realloc(p->owned, (size_t)cap * sizeof *o);
+            if (!o) {
+                dol_set_err(err, errlen, "%s: tensor %s: out of memory", f->fname, name);
+                return -1;
+            }
+            p->owned = o;
+            p->cap_owned = cap;
+        }
+        void *copy = NULL;
+        if (posix_memalign(&copy, 64, nbytes) != 0) {
+            dol_set_err(err, errlen, "%s: tensor %s: out of memory for an aligned copy",
+                        f->fname, name);
+            return -1;
+        }
+        memcpy(copy, src, nbytes);
+        p->owned[p->n_owned++] = copy;
+        data = copy;
+    }
+    dst->dtype = t->type;
+    dst->rows = rows ? rows : 1;
+    dst->cols = cols;
+    dst->data = data;
+    L->m->weight_bytes += nbytes;
+    return 0;
+}
+
+static int bind_all(loader *L, char *err, size_t errlen)
+{
+    dol_model *m = L->m;
+    const dol_model_config *c = &m->cfg;
+    int64_t d = c->hidden_size, f = c->intermediate_size, h = c->head_dim;
+    int64_t q = (int64_t)c->n_heads * h, kv = (int64_t)c->n_kv_heads * h;
+    char name[128];
+
+    if (bind(L, "model.embed_tokens.weight", c->vocab_size, d, &m->embed, err, errlen))
+        return -1;
+    for (int i = 0; i < c->n_layers; i++) {
+        dol_layer_weights *l = &m->layers[i];
+        const struct { const char *suffix; int64_t rows, cols; dol_tensor *dst; } w[] = {
+            {"input_layernorm.weight", 0, d, &l->attn_norm},
+            {"self_attn.q_proj.weight", q, d, &l->q},
+            {"self_attn.k_proj.weight", kv, d, &l->k},
+            {"self_attn.v_proj.weight", kv, d, &l->v},
+            {"self_attn.o_proj.weight", d, q, &l->o},
+            {"post_attention_layernorm.weight", 0, d, &l->ffn_norm},
+            {"mlp.gate_proj.weight", f, d, &l->gate},
+            {"mlp.up_proj.weight", f, d, &l->up},
+            {"mlp.down_proj.weight", d, f, &l->down},
+        };
+        for (size_t j = 0; j < sizeof w / sizeof w[0]; j++) {
+            snprintf(name, sizeof name, "model.layers.%d.%s", i, w[j].suffix);
+            if (bind(L, name, w[j].rows, w[j].cols, w[j].dst, err, errlen)) return -1;
+        }
+    }
+    if (bind(L, "model.norm.weight", 0, d, &m->final_norm, err, errlen)) return -1;
+
+    /* Tied: the output projection is the embedding, as in Hugging Face, even
+     * if the checkpoint also stores an lm_head.weight. */
+    if (c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+        return 0;
+    }
+    return bind(L, "lm_head.weight", c->vocab_size, d, &m->lm_head, err, errlen);
+}
+
+/* The model id: basename of dir without trailing slashes ("." resolved). */
+static void set_name(dol_model *m)
+{
+    char buf[sizeof m->dir];
+    copy_str(buf, sizeof buf, m->dir);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    const char *slash = strrchr(buf, '/');
+    const char *base = slash ? slash + 1 : buf;
+    if (!base[0] || strcmp(base, ".") == 0 || strcmp(base, "..") == 0) {
+        char *real = realpath(m->dir, NULL);
+        if (real) {
+            const char *s = strrchr(real, '/');
+            copy_str(m->name, sizeof m->name, s && s[1] ? s + 1 : "model");
+            free(real);
+            return;
+        }
+        base = "model";
+    }
+    copy_str(m->name, sizeof m->name, base);
+}
+
+int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen)
+{
+    dol_model *m = calloc(1, sizeof *m);
+    model_priv *p = calloc(1, sizeof *p);
+    if (!m || !p) {
+        free(m);
+        free(p);
+        dol_set_err(err, errlen, "%s: out of memory", dir);
+        return -1;
+    }
+    m->priv = p;
+    loader L = {.m = m, .p = p};
+    int rc = -1;
+
+    if (strlen(dir) >= sizeof m->dir) {
+        dol_set_err(err, errlen, CONFIG_NAME ": model directory path too long");
+        goto done;
+    }
+    strcpy(m->dir, dir);
+    set_name(m);
+    if (dol_model_config_load(dir, &m->cfg, err, errlen) != 0) goto done;
+
+    char path[2048];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/" WEIGHTS_NAME, dir);
+    if (stat(path, &st) == 0 || errno != ENOENT) {
+        p->files = calloc(1, sizeof *p->files);
+        if (!p->files) {
+            dol_set_err(err, errlen, WEIGHTS_NAME ": out of memory");
+            goto done;
+        }
+        if (open_file(&L, WEIGHTS_NAME, err, errlen) != 0) goto done;
+    } else {
+        snprintf(path, sizeof path, "%s/" INDEX_NAME, dir);
+        if (stat(path, &st) != 0 && errno == ENOENT) {
+            dol_set_err(err, errlen, WEIGHTS_NAME ": cannot open: No such file or directory "
+                        "(nor " INDEX_NAME ")");
+            goto done;
+        }
+        if (open_index(&L, path, err, errlen) != 0) goto done;
+    }
+
+    m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        dol_set_err(err, errlen, CONFIG_NAME ": out of memory for %d layers", m->cfg.n_layers);
+        goto done;
+    }
+    if (bind_all(&L, err, errlen) != 0) goto done;
+    rc = 0;
+
+done:
+    cJSON_Delete(L.index);
+    if (rc != 0) {
+        one_line(err, errlen);
+        dol_model_free(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
+void dol_model_free(dol_model *m)
+{
+    if (!m) return;
+    model_priv *p = m->priv;
+    if (p) {
+        for (int i = 0; i < p->n_files; i++) dol_st_close(&p->files[i]);
+        free(p->files);
+        for (int i = 0; i < p->n_owned; i++) free(p->owned[i]);
+        free(p->owned);
+        free(p);
+    }
+    free(m->layers);
+    free(m);
+}

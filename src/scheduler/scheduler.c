@@ -1,0 +1,727 @@
+/* src/scheduler/scheduler.c — the dynamic batcher (SPEC §4). One thread owns
+ * the engine and loops: retire cancelled / timed-out / disconnected work,
+ * admit queued requests (batch window, priorities, KV-cache admission,
+ * continuous or static mode), build one batch of prefill chunks and decode
+ * tokens, run the forward pass, sample, and hand the text to the requests. */
+#include "dolphin/scheduler.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dolphin/log.h"
+#include "scheduler/request_priv.h"
+
+/* One running sequence: a choice of a request. */
+typedef struct {
+    dol_request *r;
+    int choice;
+    int seq;              /* engine sequence id */
+    int32_t *tokens;      /* prompt + generated */
+    int n_tokens, cap;
+    int n_past;           /* tokens whose K/V are in the cache */
+    float *logits;        /* [vocab] logits after the last token */
+    dol_rng rng;
+    bool finished;
+    bool waiting_fork;    /* n > 1: created from choice 0 once its prompt is in */
+} seq_t;
+
+/* Scheduler-private part of a request. */
+typedef struct {
+    int n_live;           /* choices not yet finished */
+    bool admitted;
+} req_priv;
+
+struct dol_scheduler {
+    dol_engine *e;
+    const dol_tokenizer *tok;
+    dol_scheduler_params p;
+    int vocab, ctx, eos, bos;
+
+    pthread_t thread;
+    pthread_mutex_t mu;   /* guards queue, stop, draining, stats */
+    pthread_cond_t cv;
+    bool stop;
+    bool draining;
+
+    dol_request **queue;  /* waiting, unsorted; picked by priority then seqno */
+    int n_queue, cap_queue;
+    uint64_t next_seqno;
+
+    /* owned by the scheduler thread */
+    seq_t *seqs;          /* running sequences */
+    int n_seqs, cap_seqs;
+    bool static_batch_open; /* static mode: a batch is running */
+    dol_batch_item *items;
+    dol_sampler *sampler;
+    float *lp_scratch;
+
+    uint64_t n_steps, n_prompt_tokens, n_generated; /* copied into st */
+    dol_scheduler_stats st;
+};
+
+/* ---- small helpers ------------------------------------------------------- */
+
+static void finish_request_locked(dol_request *r, int status, const char *type,
+                                  const char *code, const char *msg)
+{
+    r->error_status = status;
+    snprintf(r->error_type, sizeof r->error_type, "%s", type);
+    snprintf(r->error_code, sizeof r->error_code, "%s", code ? code : "");
+    snprintf(r->error_msg, sizeof r->error_msg, "%s", msg);
+}
+
+static void notify(dol_request *r)
+{
+    if (r->on_event) r->on_event(r, r->user);
+}
+
+static bool request_gone(dol_request *r)
+{
+    if (atomic_load(&r->cancelled)) return true;
+    if (r->client_gone && r->client_gone(r, r->user)) {
+        atomic_store(&r->cancelled, true);
+        return true;
+    }
+    return false;
+}
+
+/* Blocks a request needs at admission: every choice reserves room for its
+ * prompt plus max_tokens up front (no preemption needed later); choices
+ * 2..n share the prompt's full blocks. */
+static int blocks_needed(const dol_scheduler *s, const dol_request *r)
+{
+    int total = r->n_prompt + r->max_tokens;
+    if (total > s->ctx) total = s->ctx;
+    int one = dol_engine_blocks_for(s->e, total);
+    int shared = r->n_prompt / dol_engine_kv_block_size(s->e);
+    return one + (r->n - 1) * (one - shared);
+}
+
+/* ---- submit / drain / stats (any thread) --------------------------------- */
+
+dol_submit_result dol_scheduler_submit(dol_scheduler *s, dol_request *r,
+                                       char *err, size_t errlen)
+{
+    if (r->n < 1 || !r->choices || r->n_prompt < 1 || r->max_tokens < 0) {
+        dol_set_err(err, errlen, "invalid request");
+        return DOL_SUBMIT_INVALID;
+    }
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= s->vocab) {
+            dol_set_err(err, errlen, "token id %d at prompt position %d is out of range [0, %d)",
+                        r->prompt_ids[i], i, s->vocab);
+            return DOL_SUBMIT_INVALID;
+        }
+    if (r->n_prompt + r->max_tokens > s->ctx) {
+        dol_set_err(err, errlen,
+                    "This model's maximum context length is %d tokens. However, you requested "
+                    "%d tokens (%d in the prompt, %d for the completion). Please reduce the "
+                    "prompt or max_tokens.",
+                    s->ctx, r->n_prompt + r->max_tokens, r->n_prompt, r->max_tokens);
+        return DOL_SUBMIT_TOO_LONG;
+    }
+    if (r->n > s->p.max_batch_size) {
+        dol_set_err(err, errlen, "n = %d is more than max_batch_size (%d)", r->n, s->p.max_batch_size);
+        return DOL_SUBMIT_INVALID;
+    }
+    if (blocks_needed(s, r) > dol_engine_kv_blocks_total(s->e)) {
+        dol_set_err(err, errlen,
+                    "the prompt (%d tokens) plus max_tokens (%d) x n (%d) can never fit in the "
+                    "KV cache (%d tokens)", r->n_prompt, r->max_tokens, r->n,
+                    dol_engine_kv_blocks_total(s->e) * dol_engine_kv_block_size(s->e));
+        return DOL_SUBMIT_TOO_LONG;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->draining || s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        dol_set_err(err, errlen, "the server is shutting down");
+        return DOL_SUBMIT_DRAINING;
+    }
+    if (s->n_queue >= s->p.max_queue) {
+        pthread_mutex_unlock(&s->mu);
+        dol_set_err(err, errlen, "the queue is full (%d waiting requests); retry later", s->p.max_queue);
+        return DOL_SUBMIT_QUEUE_FULL;
+    }
+    if (s->n_queue == s->cap_queue) {
+        int cap = s->cap_queue ? s->cap_queue * 2 : 64;
+        dol_request **q = realloc(s->queue, sizeof *q * (size_t)cap);
+        if (!q) {
+            pthread_mutex_unlock(&s->mu);
+            dol_set_err(err, errlen, "out of memory");
+            return DOL_SUBMIT_INVALID;
+        }
+        s->queue = q;
+        s->cap_queue = cap;
+    }
+    r->priv = calloc(1, sizeof(req_priv));
+    if (!r->priv) {
+        pthread_mutex_unlock(&s->mu);
+        dol_set_err(err, errlen, "out of memory");
+        return DOL_SUBMIT_INVALID;
+    }
+    dol_request_retain(r);
+    r->seqno = s->next_seqno++;
+    if (r->t_arrival_ms == 0) r->t_arrival_ms = dol_now_ms();
+    s->queue[s->n_queue++] = r;
+    s->st.queued = s->n_queue;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return DOL_SUBMIT_OK;
+}
+
+void dol_scheduler_drain(dol_scheduler *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->draining = true;
+    s->st.draining = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void dol_scheduler_get_stats(dol_scheduler *s, dol_scheduler_stats *st)
+{
+    pthread_mutex_lock(&s->mu);
+    *st = s->st;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- ending sequences and requests (scheduler thread) -------------------- */
+
+/* End request r: free its sequences, mark done, drop the scheduler's ref. */
+static void retire_request(dol_scheduler *s, dol_request *r)
+{
+    for (int i = 0; i < s->n_seqs;) {
+        seq_t *q = &s->seqs[i];
+        if (q->r != r) { i++; continue; }
+        dol_engine_seq_free(s->e, q->seq);
+        free(q->tokens);
+        free(q->logits);
+        s->seqs[i] = s->seqs[--s->n_seqs];
+    }
+    pthread_mutex_lock(&r->mu);
+    for (int c = 0; c < r->n; c++) {
+        if (r->choices[c].finish == DOL_FINISH_NONE)
+            r->choices[c].finish = r->error_status ? DOL_FINISH_ERROR : DOL_FINISH_STOP;
+        dol_choice_out_free(&r->choices[c]);
+    }
+    r->done = true;
+    r->t_done_ms = dol_now_ms();
+    pthread_mutex_unlock(&r->mu);
+    free(r->priv);
+    r->priv = NULL;
+    notify(r);
+    dol_request_release(r);
+}
+
+static void fail_request(dol_scheduler *s, dol_request *r, int status, const char *type,
+                         const char *code, const char *msg)
+{
+    pthread_mutex_lock(&r->mu);
+    finish_request_locked(r, status, type, code, msg);
+    pthread_mutex_unlock(&r->mu);
+    retire_request(s, r);
+}
+
+/* Finish one choice; when it was the last, the request is complete. Returns
+ * true when the request was retired (its seq_t entries are gone). */
+static bool finish_choice(dol_scheduler *s, seq_t *q, dol_finish_reason why)
+{
+    dol_request *r = q->r;
+    q->finished = true;
+    pthread_mutex_lock(&r->mu);
+    dol_choice *c = &r->choices[q->choice];
+    dol_choice_finish_text(r, c);
+    c->finish = why;
+    pthread_mutex_unlock(&r->mu);
+    req_priv *rp = r->priv;
+    if (--rp->n_live == 0) {
+        retire_request(s, r);
+        return true;
+    }
+    /* Give the sequence's blocks back now; the seq_t stays until the
+     * request retires (it is skipped while finished). */
+    dol_engine_seq_free(s->e, q->seq);
+    q->seq = -1;
+    return false;
+}
+
+/* ---- admission ----------------------------------------------------------- */
+
+static int seq_push(dol_scheduler *s, dol_request *r, int choice)
+{
+    if (s->n_seqs == s->cap_seqs) {
+        int cap = s->cap_seqs ? s->cap_seqs * 2 : 16;
+        seq_t *n = realloc(s->seqs, sizeof *n * (size_t)cap);
+        if (!n) return -1;
+        s->seqs = n;
+        s->cap_seqs = cap;
+    }
+    seq_t *q = &s->seqs[s->n_seqs];
+    memset(q, 0, sizeof *q);
+    q->r = r;
+    q->choice = choice;
+    q->seq = -1;
+    q->cap = r->n_prompt + r->max_tokens + 1;
+    q->tokens = malloc(sizeof(int32_t) * (size_t)q->cap);
+    q->logits = malloc(sizeof(float) * (size_t)s->vocab);
+    if (!q->tokens || !q->logits) { free(q->tokens); free(q->logits); return -1; }
+    memcpy(q->tokens, r->prompt_ids, sizeof(int32_t) * (size_t)r->n_prompt);
+    q->n_tokens = r->n_prompt;
+    dol_rng_seed(&q->rng, r->seed + (uint64_t)choice);
+    s->n_seqs++;
+    return 0;
+}
+
+static int live_seqs(const dol_scheduler *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->n_seqs; i++)
+        if (!s->seqs[i].finished) n++;
+    return n;
+}
+
+/* Index in the queue of the request to admit next: highest priority, then
+ * earliest arrival. -1 when empty. Caller holds s->mu. */
+static int pick_next(const dol_scheduler *s)
+{
+    int best = -1;
+    for (int i = 0; i < s->n_queue; i++) {
+        const dol_request *r = s->queue[i];
+        if (best < 0 || r->priority > s->queue[best]->priority ||
+            (r->priority == s->queue[best]->priority && r->seqno < s->queue[best]->seqno))
+            best = i;
+    }
+    return best;
+}
+
+/* Admit one request: reserve choice 0's blocks and create its sequence (the
+ * other choices are forked from it after its prefill). 0 ok, -1 no room. */
+static int admit(dol_scheduler *s, dol_request *r)
+{
+    int total = r->n_prompt + r->max_tokens;
+    if (total > s->ctx) total = s->ctx;
+    int seq = dol_engine_seq_new(s->e);
+    if (seq < 0) return -1;
+    if (dol_engine_seq_reserve(s->e, seq, total) != 0) {
+        dol_engine_seq_free(s->e, seq);
+        return -1;
+    }
+    for (int c = 0; c < r->n; c++) {
+        if (seq_push(s, r, c) != 0) {
+            /* out of memory: undo */
+            for (int i = 0; i < s->n_seqs;)
+                if (s->seqs[i].r == r) {
+                    free(s->seqs[i].tokens);
+                    free(s->seqs[i].logits);
+                    s->seqs[i] = s->seqs[--s->n_seqs];
+                } else i++;
+            dol_engine_seq_free(s->e, seq);
+            return -1;
+        }
+        seq_t *q = &s->seqs[s->n_seqs - 1];
+        if (c == 0) q->seq = seq;
+        else q->waiting_fork = true;
+    }
+    req_priv *rp = r->priv;
+    rp->n_live = r->n;
+    rp->admitted = true;
+    pthread_mutex_lock(&r->mu);
+    for (int c = 0; c < r->n; c++)
+        dol_choice_out_init(&r->choices[c], s->tok, r->prompt_ids, r->n_prompt);
+    r->t_start_ms = dol_now_ms();
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+static double kv_use(const dol_scheduler *s)
+{
+    int total = dol_engine_kv_blocks_total(s->e);
+    return total ? 1.0 - (double)dol_engine_kv_blocks_free(s->e) / total : 0.0;
+}
+
+/* Move queued requests into the running batch. Caller holds s->mu. */
+static void admit_from_queue(dol_scheduler *s)
+{
+    int running = live_seqs(s);
+    if (s->p.mode == DOL_BATCH_STATIC && s->n_seqs > 0) return; /* batch runs to the end */
+    while (s->n_queue > 0) {
+        int i = pick_next(s);
+        dol_request *r = s->queue[i];
+        if (running + r->n > s->p.max_batch_size) break;
+        /* Memory-aware admission: above the watermark, one sequence at a time. */
+        if (kv_use(s) >= s->p.memory_high_watermark && running > 0) break;
+        if (blocks_needed(s, r) > dol_engine_kv_blocks_free(s->e)) break; /* wait for room */
+        if (admit(s, r) != 0) break;
+        s->queue[i] = s->queue[--s->n_queue];
+        running += r->n;
+    }
+    s->st.queued = s->n_queue;
+}
+
+/* ---- the step ------------------------------------------------------------ */
+
+static void record_logprob(const dol_scheduler *s, const dol_request *r,
+                           const float *logits, int32_t id, dol_token_logprob *lp)
+{
+    lp->id = id;
+    lp->logprob = dol_logprob_of(logits, s->vocab, id);
+    lp->n_top = r->logprobs > 0 ? r->logprobs : 0;
+    if (lp->n_top) dol_top_logprobs(logits, s->vocab, lp->n_top, lp->top_ids, lp->top_logprobs);
+}
+
+/* Sample the next token of q from q->logits and hand it to the request.
+ * Returns true when the request was retired. */
+static bool sample_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
+{
+    dol_request *r = q->r;
+    dol_token_logprob lp;
+    if (r->logprobs >= 0) /* logprobs come from the raw model logits */
+        memcpy(s->lp_scratch, q->logits, sizeof(float) * (size_t)s->vocab);
+    dol_sampler_apply_penalties(s->sampler, &r->sampling, q->logits, q->tokens, q->n_tokens,
+                                r->n_prompt);
+    int32_t id = dol_sampler_pick(s->sampler, &r->sampling, q->logits, &q->rng);
+    if (r->logprobs >= 0) record_logprob(s, r, s->lp_scratch, id, &lp);
+    q->tokens[q->n_tokens++] = id;
+    bool is_end = !r->ignore_eos && (id == s->eos || id == s->bos);
+    bool stopped = false;
+    pthread_mutex_lock(&r->mu);
+    if (r->t_first_token_ms == 0) r->t_first_token_ms = dol_now_ms();
+    int rc = dol_choice_push_token(r, &r->choices[q->choice], id, is_end,
+                                   r->logprobs >= 0 ? &lp : NULL, &stopped);
+    pthread_mutex_unlock(&r->mu);
+    *touched = true;
+    s->n_generated++;
+    if (rc != 0) {
+        fail_request(s, r, 500, "server_error", NULL, "out of memory while generating");
+        return true;
+    }
+    int n_gen = q->n_tokens - r->n_prompt;
+    if (is_end || stopped) return finish_choice(s, q, DOL_FINISH_STOP);
+    if (n_gen >= r->max_tokens || q->n_tokens >= s->ctx) return finish_choice(s, q, DOL_FINISH_LENGTH);
+    return false;
+}
+
+/* After choice 0's prompt is in the cache: fork choices 1..n-1 from it. */
+static void fork_choices(dol_scheduler *s, seq_t *first)
+{
+    dol_request *r = first->r;
+    int total = r->n_prompt + r->max_tokens;
+    if (total > s->ctx) total = s->ctx;
+    for (int i = 0; i < s->n_seqs; i++) {
+        seq_t *q = &s->seqs[i];
+        if (q->r != r || !q->waiting_fork) continue;
+        int seq = dol_engine_seq_fork(s->e, first->seq, r->n_prompt);
+        if (seq >= 0 && dol_engine_seq_reserve(s->e, seq, total) != 0) {
+            dol_engine_seq_free(s->e, seq);
+            seq = -1;
+        }
+        if (seq < 0) { /* cannot happen with up-front reservation; fail safe */
+            q->waiting_fork = false;
+            q->finished = true;
+            continue;
+        }
+        q->seq = seq;
+        q->waiting_fork = false;
+        q->n_past = first->n_past;
+        memcpy(q->logits, first->logits, sizeof(float) * (size_t)s->vocab);
+    }
+}
+
+static void run_step(dol_scheduler *s)
+{
+    /* Build the batch: a prefill chunk for sequences still reading their
+     * prompt, one token for the others. */
+    /* Token budget of one step: every decode token, plus up to
+     * prefill_chunk prompt tokens (the engine's workspace is sized for
+     * prefill_chunk + max_batch_size). Decodes go first so a long prompt
+     * never stalls the running sequences. */
+    int n_items = 0, budget = s->p.prefill_chunk;
+    int *owner = malloc(sizeof(int) * (size_t)(s->n_seqs ? s->n_seqs : 1));
+    if (!owner) return;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < s->n_seqs; i++) {
+            seq_t *q = &s->seqs[i];
+            if (q->finished || q->waiting_fork) continue;
+            int n = q->n_tokens - q->n_past;
+            bool decode = q->n_past >= q->r->n_prompt;
+            if (n <= 0 || decode != (pass == 0)) continue;
+            if (!decode) {
+                if (n > budget) n = budget;
+                if (n <= 0) continue;
+                budget -= n;
+            }
+            dol_batch_item *it = &s->items[n_items];
+            it->seq = q->seq;
+            it->n_tokens = n;
+            it->tokens = q->tokens + q->n_past;
+            it->start_pos = q->n_past;
+            it->n_logits = q->n_past + n == q->n_tokens ? 1 : 0;
+            it->logits = q->logits;
+            owner[n_items++] = i;
+        }
+    }
+    if (n_items == 0) { free(owner); return; }
+
+    char err[DOL_ERR_LEN];
+    if (dol_engine_forward(s->e, s->items, n_items, err, sizeof err) != 0) {
+        dol_log(DOL_LOG_ERROR, "forward_failed", "error=\"%s\"", err);
+        /* fail every request in the batch */
+        for (int k = 0; k < n_items; k++) {
+            if (owner[k] >= s->n_seqs) continue;
+            dol_request *r = s->seqs[owner[k]].r;
+            fail_request(s, r, 500, "server_error", NULL, "internal error in the forward pass");
+            /* the seq array changed: stop here, the rest are retried next step */
+            break;
+        }
+        free(owner);
+        return;
+    }
+    s->n_steps++;
+
+    /* Requests touched this step, notified after all sampling. */
+    dol_request **touched = malloc(sizeof *touched * (size_t)n_items);
+    int n_touched = 0;
+    /* Collect the seq pointers by identity: retiring a request compacts the
+     * array, so walk by request + choice instead of by index. */
+    typedef struct { dol_request *r; int choice; bool prefill_done; } ref_t;
+    ref_t *refs = malloc(sizeof *refs * (size_t)n_items);
+    if (!touched || !refs) { free(touched); free(refs); free(owner); return; }
+    for (int k = 0; k < n_items; k++) {
+        seq_t *q = &s->seqs[owner[k]];
+        q->n_past += s->items[k].n_tokens;
+        refs[k].r = q->r;
+        refs[k].choice = q->choice;
+        refs[k].prefill_done = s->items[k].n_logits > 0;
+        if (q->n_past <= q->r->n_prompt) s->n_prompt_tokens += s->items[k].n_tokens;
+        dol_request_retain(q->r); /* keep alive across retirement for notify */
+    }
+    free(owner);
+    for (int k = 0; k < n_items; k++) {
+        if (!refs[k].prefill_done) continue;
+        seq_t *q = NULL;
+        for (int i = 0; i < s->n_seqs; i++)
+            if (s->seqs[i].r == refs[k].r && s->seqs[i].choice == refs[k].choice) { q = &s->seqs[i]; break; }
+        if (!q || q->finished) continue;
+        dol_request *r = q->r;
+        if (q->choice == 0 && q->n_past == r->n_prompt && r->n > 1) fork_choices(s, q);
+        bool t = false;
+        bool retired = false;
+        if (q->n_past == r->n_prompt && r->max_tokens == 0) {
+            retired = finish_choice(s, q, DOL_FINISH_LENGTH);
+            t = true;
+        } else {
+            retired = sample_and_emit(s, q, &t);
+        }
+        /* forked siblings sample their first token from the same logits */
+        if (!retired && q->choice == 0 && q->n_past == r->n_prompt && r->n > 1) {
+            for (int c = 1; c < r->n; c++) {
+                seq_t *sib = NULL;
+                for (int i = 0; i < s->n_seqs; i++)
+                    if (s->seqs[i].r == r && s->seqs[i].choice == c) { sib = &s->seqs[i]; break; }
+                if (!sib || sib->finished) continue;
+                if (r->max_tokens == 0) retired = finish_choice(s, sib, DOL_FINISH_LENGTH);
+                else retired = sample_and_emit(s, sib, &t);
+                if (retired) break;
+            }
+        }
+        if (t) {
+            bool seen = false;
+            for (int j = 0; j < n_touched; j++) if (touched[j] == refs[k].r) seen = true;
+            if (!seen) touched[n_touched++] = refs[k].r;
+        }
+    }
+    for (int j = 0; j < n_touched; j++)
+        if (!touched[j]->done) notify(touched[j]);
+    for (int k = 0; k < n_items; k++) dol_request_release(refs[k].r);
+    free(touched);
+    free(refs);
+}
+
+/* Cancelled, disconnected and timed-out requests, queued or running. */
+static void reap(dol_scheduler *s)
+{
+    double now = dol_now_ms();
+    /* queued */
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_queue;) {
+        dol_request *r = s->queue[i];
+        bool gone = request_gone(r);
+        bool late = r->timeout_ms > 0 && now - r->t_arrival_ms > r->timeout_ms;
+        if (!gone && !late) { i++; continue; }
+        s->queue[i] = s->queue[--s->n_queue];
+        pthread_mutex_unlock(&s->mu);
+        if (gone) fail_request(s, r, 499, "cancelled", NULL, "the client closed the connection");
+        else fail_request(s, r, 504, "timeout_error", "request_timeout",
+                          "the request did not finish within request_timeout_s");
+        pthread_mutex_lock(&s->mu);
+    }
+    s->st.queued = s->n_queue;
+    pthread_mutex_unlock(&s->mu);
+    /* running */
+    for (int i = 0; i < s->n_seqs;) {
+        dol_request *r = s->seqs[i].r;
+        bool gone = request_gone(r);
+        bool late = r->timeout_ms > 0 && now - r->t_arrival_ms > r->timeout_ms;
+        if (!gone && !late) { i++; continue; }
+        if (gone) fail_request(s, r, 499, "cancelled", NULL, "the client closed the connection");
+        else fail_request(s, r, 504, "timeout_error", "request_timeout",
+                          "the request did not finish within request_timeout_s");
+        i = 0; /* the array was compacted */
+    }
+}
+
+static void update_stats(dol_scheduler *s)
+{
+    int running_req = 0;
+    for (int i = 0; i < s->n_seqs; i++) {
+        bool first = true;
+        for (int j = 0; j < i; j++)
+            if (s->seqs[j].r == s->seqs[i].r) { first = false; break; }
+        if (first) running_req++;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->st.running_seqs = live_seqs(s);
+    s->st.running_requests = running_req;
+    s->st.kv_blocks_total = dol_engine_kv_blocks_total(s->e);
+    s->st.kv_blocks_used = s->st.kv_blocks_total - dol_engine_kv_blocks_free(s->e);
+    s->st.kv_block_size = dol_engine_kv_block_size(s->e);
+    s->st.last_step_ms = dol_now_ms();
+    s->st.idle = s->n_seqs == 0 && s->n_queue == 0;
+    s->st.queued = s->n_queue;
+    s->st.steps = s->n_steps;
+    s->st.tokens_prompt = s->n_prompt_tokens;
+    s->st.tokens_generated = s->n_generated;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void timed_wait_ms(dol_scheduler *s, double ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = (long long)(ms * 1e6);
+    ts.tv_sec += ns / 1000000000LL;
+    ts.tv_nsec += ns % 1000000000LL;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+}
+
+static void *scheduler_main(void *arg)
+{
+    dol_scheduler *s = arg;
+    for (;;) {
+        reap(s);
+        pthread_mutex_lock(&s->mu);
+        if (s->stop) { pthread_mutex_unlock(&s->mu); break; }
+        if (s->n_seqs == 0) {
+            if (s->n_queue == 0) {
+                /* idle: sleep until work arrives (wake up now and then for
+                 * the heartbeat) */
+                timed_wait_ms(s, 200);
+                pthread_mutex_unlock(&s->mu);
+                update_stats(s);
+                continue;
+            }
+            /* Batch window: the first waiting request waits up to
+             * batch_window_ms for company, unless a full batch is waiting. */
+            double oldest = 1e300;
+            int waiting_seqs = 0;
+            for (int i = 0; i < s->n_queue; i++) {
+                if (s->queue[i]->t_arrival_ms < oldest) oldest = s->queue[i]->t_arrival_ms;
+                waiting_seqs += s->queue[i]->n;
+            }
+            double left = oldest + s->p.batch_window_ms - dol_now_ms();
+            if (left > 0 && waiting_seqs < s->p.max_batch_size && !s->draining) {
+                timed_wait_ms(s, left < 200 ? left : 200);
+                pthread_mutex_unlock(&s->mu);
+                continue;
+            }
+        }
+        admit_from_queue(s);
+        pthread_mutex_unlock(&s->mu);
+        update_stats(s);
+        run_step(s);
+        update_stats(s);
+    }
+    /* shutting down: end everything */
+    pthread_mutex_lock(&s->mu);
+    while (s->n_queue > 0) {
+        dol_request *r = s->queue[--s->n_queue];
+        pthread_mutex_unlock(&s->mu);
+        fail_request(s, r, 503, "service_unavailable", NULL, "the server is shutting down");
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    while (s->n_seqs > 0)
+        fail_request(s, s->seqs[0].r, 503, "service_unavailable", NULL, "the server is shutting down");
+    return NULL;
+}
+
+/* ---- create / free ------------------------------------------------------- */
+
+int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
+                         const dol_scheduler_params *p, dol_scheduler **out,
+                         char *err, size_t errlen)
+{
+    dol_scheduler *s = calloc(1, sizeof *s);
+    if (!s) { dol_set_err(err, errlen, "scheduler: out of memory"); return -1; }
+    s->e = engine;
+    s->tok = tok;
+    s->p = *p;
+    if (s->p.max_batch_size < 1) s->p.max_batch_size = 8;
+    if (s->p.max_queue < 1) s->p.max_queue = 256;
+    if (s->p.prefill_chunk < 1) s->p.prefill_chunk = 512;
+    if (s->p.memory_high_watermark <= 0) s->p.memory_high_watermark = 0.80;
+    s->vocab = dol_engine_vocab_size(engine);
+    s->ctx = dol_engine_context_len(engine);
+    s->eos = dol_tokenizer_eos_id(tok);
+    s->bos = dol_tokenizer_bos_id(tok);
+    s->items = calloc((size_t)s->p.max_batch_size * 2 + 1, sizeof *s->items);
+    s->sampler = dol_sampler_new(s->vocab);
+    s->lp_scratch = malloc(sizeof(float) * (size_t)s->vocab);
+    if (!s->items || !s->sampler || !s->lp_scratch) {
+        free(s->lp_scratch);
+        dol_set_err(err, errlen, "scheduler: out of memory");
+        free(s->items);
+        dol_sampler_free(s->sampler);
+        free(s);
+        return -1;
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->st.last_step_ms = dol_now_ms();
+    s->st.idle = true;
+    s->st.kv_blocks_total = dol_engine_kv_blocks_total(engine);
+    s->st.kv_block_size = dol_engine_kv_block_size(engine);
+    if (pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {
+        dol_set_err(err, errlen, "scheduler: cannot start its thread");
+        free(s->lp_scratch);
+        free(s->items);
+        dol_sampler_free(s->sampler);
+        free(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+void dol_scheduler_free(dol_scheduler *s)
+{
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    free(s->queue);
+    free(s->seqs);
+    free(s->items);
+    dol_sampler_free(s->sampler);
+    free(s->lp_scratch);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}

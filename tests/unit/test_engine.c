@@ -1,0 +1,370 @@
+/* tests/unit/test_engine.c — the CPU forward pass against the golden outputs
+ * of an independent float64 reference (../shared/golden), batch invariance
+ * (bit for bit), chunked prefill, KV-cache blocks and forks, and the
+ * sampler's reproducibility. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "dolphin/engine.h"
+#include "dolphin/model.h"
+#include "dolphin/sampler.h"
+
+static char g_shared[1024];
+
+static cJSON *load_json(const char *rel)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", g_shared, rel);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
+    buf[n] = 0;
+    fclose(f);
+    cJSON *j = cJSON_Parse(buf);
+    free(buf);
+    return j;
+}
+
+static int ids_from(const cJSON *arr, int32_t *out, int max)
+{
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) if (n < max) out[n++] = (int32_t)it->valueint;
+    return n;
+}
+
+typedef struct {
+    dol_model *m;
+    dol_engine *e;
+} fixture;
+
+static fixture open_model(const char *name, int threads, int64_t kv_tokens)
+{
+    fixture fx = {0};
+    char dir[1200], err[DOL_ERR_LEN];
+    snprintf(dir, sizeof dir, "%s/models/%s", g_shared, name);
+    int rc = dol_model_load(dir, &fx.m, err, sizeof err);
+    if (rc != 0) fprintf(stderr, "%s\n", err);
+    assert_int_equal(rc, 0);
+    dol_engine_params p = { .n_threads = threads, .kv_block_size = 16,
+                            .kv_cache_tokens = kv_tokens, .max_seqs = 16,
+                            .max_batch_tokens = 1024 };
+    rc = dol_engine_create(fx.m, &p, &fx.e, err, sizeof err);
+    if (rc != 0) fprintf(stderr, "%s\n", err);
+    assert_int_equal(rc, 0);
+    return fx;
+}
+
+static void close_model(fixture *fx)
+{
+    dol_engine_free(fx->e);
+    dol_model_free(fx->m);
+}
+
+static int32_t argmax(const float *x, int n)
+{
+    int32_t b = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Greedy generation of one sequence through the engine alone. Stops at
+ * BOS/EOS like the reference. Returns the number of generated ids; when
+ * first_logits is given, the logits after the prompt are copied there. */
+static int greedy(dol_engine *e, const int32_t *prompt, int n_prompt, int max_new,
+                  int32_t *out, float *first_logits, int chunk)
+{
+    int V = dol_engine_vocab_size(e);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    char err[DOL_ERR_LEN];
+    int seq = dol_engine_seq_new(e);
+    assert_true(seq >= 0);
+    assert_int_equal(dol_engine_seq_reserve(e, seq, n_prompt + max_new), 0);
+    int done = 0;
+    while (done < n_prompt) {
+        int n = n_prompt - done < chunk ? n_prompt - done : chunk;
+        dol_batch_item it = { seq, n, prompt + done, done, done + n == n_prompt ? 1 : 0, logits };
+        assert_int_equal(dol_engine_forward(e, &it, 1, err, sizeof err), 0);
+        done += n;
+    }
+    if (first_logits) memcpy(first_logits, logits, sizeof(float) * (size_t)V);
+    int n_out = 0;
+    for (int step = 0; step < max_new; step++) {
+        int32_t id = argmax(logits, V);
+        if (id == 1 || id == 2) break;
+        out[n_out++] = id;
+        if (step + 1 == max_new) break;
+        dol_batch_item it = { seq, 1, &out[n_out - 1], n_prompt + n_out - 1, 1, logits };
+        assert_int_equal(dol_engine_forward(e, &it, 1, err, sizeof err), 0);
+    }
+    dol_engine_seq_free(e, seq);
+    free(logits);
+    return n_out;
+}
+
+/* stories260K in F32 reproduces every golden greedy continuation exactly. */
+static void test_stories_golden(void **state)
+{
+    (void)state;
+    cJSON *g = load_json("golden/stories260K.json");
+    assert_non_null(g);
+    fixture fx = open_model("stories260K", 2, 0);
+    const cJSON *c;
+    int cases = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(g, "cases")) {
+        int32_t prompt[512], want[512], got[512];
+        int np = ids_from(cJSON_GetObjectItem(c, "prompt_ids"), prompt, 512);
+        int nw = ids_from(cJSON_GetObjectItem(c, "greedy_ids"), want, 512);
+        int max_new = cJSON_GetObjectItem(c, "max_tokens")->valueint;
+        int ng = greedy(fx.e, prompt, np, max_new, got, NULL, 512);
+        assert_int_equal(ng, nw);
+        assert_memory_equal(got, want, sizeof(int32_t) * (size_t)nw);
+        cases++;
+    }
+    assert_true(cases > 0);
+    close_model(&fx);
+    cJSON_Delete(g);
+}
+
+/* tiny-llama2 (F16 weights, F32 compute): ids equal the golden up to the
+ * first step whose margin is below 1e-3; logits after the prompt within 1e-3
+ * of last_logits_top8. */
+static void test_tiny_llama2_golden(void **state)
+{
+    (void)state;
+    cJSON *g = load_json("golden/tiny-llama2.json");
+    assert_non_null(g);
+    fixture fx = open_model("tiny-llama2", 2, 0);
+    int V = dol_engine_vocab_size(fx.e);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(g, "cases")) {
+        int32_t prompt[1024], want[1024], got[1024];
+        int np = ids_from(cJSON_GetObjectItem(c, "prompt_ids"), prompt, 1024);
+        int nw = ids_from(cJSON_GetObjectItem(c, "greedy_ids"), want, 1024);
+        int max_new = cJSON_GetObjectItem(c, "max_tokens")->valueint;
+        const cJSON *margins = cJSON_GetObjectItem(c, "greedy_margins");
+        int trusted = 0;
+        while (trusted < cJSON_GetArraySize(margins) &&
+               cJSON_GetArrayItem(margins, trusted)->valuedouble >= 1e-3)
+            trusted++;
+        int ng = greedy(fx.e, prompt, np, max_new, got, logits, 64);
+        int cmp = trusted < nw ? trusted + 1 : nw; /* the first low-margin step's token */
+        if (trusted < nw) cmp = trusted;           /* is not trusted itself */
+        assert_true(ng >= cmp);
+        for (int i = 0; i < cmp; i++) assert_int_equal(got[i], want[i]);
+        const cJSON *t8;
+        cJSON_ArrayForEach(t8, cJSON_GetObjectItem(c, "last_logits_top8")) {
+            int id = cJSON_GetArrayItem(t8, 0)->valueint;
+            double v = cJSON_GetArrayItem(t8, 1)->valuedouble;
+            if (fabs(logits[id] - v) > 1e-3)
+                fail_msg("token %d: logit %.6f, golden %.6f", id, logits[id], v);
+        }
+    }
+    free(logits);
+    close_model(&fx);
+    cJSON_Delete(g);
+}
+
+/* A batch of sequences with different lengths, mixing prefill chunks and
+ * decode tokens, gives bit-identical logits to each sequence alone. */
+static void test_batch_invariance(void **state)
+{
+    (void)state;
+    fixture fx = open_model("tiny-llama2", 2, 4096);
+    int V = dol_engine_vocab_size(fx.e);
+    enum { NS = 6 };
+    int lens[NS] = { 1, 5, 17, 33, 2, 40 };
+    int32_t toks[NS][48];
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < 48; i++) toks[s][i] = (int32_t)((s * 7919 + i * 104729) % (V - 3)) + 3;
+    float *alone = malloc(sizeof(float) * (size_t)V * NS * 2);
+    float *batched = malloc(sizeof(float) * (size_t)V * NS * 2);
+    char err[DOL_ERR_LEN];
+    /* alone: prefill then one decode step */
+    for (int s = 0; s < NS; s++) {
+        int q = dol_engine_seq_new(fx.e);
+        assert_int_equal(dol_engine_seq_reserve(fx.e, q, lens[s] + 1), 0);
+        dol_batch_item it = { q, lens[s], toks[s], 0, 1, alone + (size_t)V * (2 * s) };
+        assert_int_equal(dol_engine_forward(fx.e, &it, 1, err, sizeof err), 0);
+        dol_batch_item d = { q, 1, &toks[s][lens[s]], lens[s], 1, alone + (size_t)V * (2 * s + 1) };
+        assert_int_equal(dol_engine_forward(fx.e, &d, 1, err, sizeof err), 0);
+        dol_engine_seq_free(fx.e, q);
+    }
+    /* together: step 1 prefills all; step 2 decodes all but feeds a new
+     * prompt alongside (mixed prefill + decode) */
+    int q[NS];
+    dol_batch_item items[NS + 1];
+    for (int s = 0; s < NS; s++) {
+        q[s] = dol_engine_seq_new(fx.e);
+        assert_int_equal(dol_engine_seq_reserve(fx.e, q[s], lens[s] + 1), 0);
+        items[s] = (dol_batch_item){ q[s], lens[s], toks[s], 0, 1, batched + (size_t)V * (2 * s) };
+    }
+    assert_int_equal(dol_engine_forward(fx.e, items, NS, err, sizeof err), 0);
+    float *extra = malloc(sizeof(float) * (size_t)V);
+    int qx = dol_engine_seq_new(fx.e);
+    assert_int_equal(dol_engine_seq_reserve(fx.e, qx, 20), 0);
+    for (int s = 0; s < NS; s++)
+        items[s] = (dol_batch_item){ q[s], 1, &toks[s][lens[s]], lens[s], 1, batched + (size_t)V * (2 * s + 1) };
+    items[NS] = (dol_batch_item){ qx, 20, toks[5], 0, 1, extra };
+    assert_int_equal(dol_engine_forward(fx.e, items, NS + 1, err, sizeof err), 0);
+    assert_memory_equal(alone, batched, sizeof(float) * (size_t)V * NS * 2);
+    for (int s = 0; s < NS; s++) dol_engine_seq_free(fx.e, q[s]);
+    dol_engine_seq_free(fx.e, qx);
+    assert_int_equal(dol_engine_kv_blocks_free(fx.e), dol_engine_kv_blocks_total(fx.e));
+    free(extra);
+    free(alone);
+    free(batched);
+    close_model(&fx);
+}
+
+/* Chunked prefill and thread count do not change the result. */
+static void test_chunking_and_threads(void **state)
+{
+    (void)state;
+    int32_t prompt[40], a[20], b[20], c[20];
+    for (int i = 0; i < 40; i++) prompt[i] = 3 + (i * 37) % 500;
+    fixture f1 = open_model("stories260K", 1, 0);
+    fixture f2 = open_model("stories260K", 2, 0);
+    int na = greedy(f1.e, prompt, 40, 20, a, NULL, 40);
+    int nb = greedy(f2.e, prompt, 40, 20, b, NULL, 7);
+    int nc = greedy(f2.e, prompt, 40, 20, c, NULL, 1);
+    assert_int_equal(na, nb);
+    assert_int_equal(na, nc);
+    assert_memory_equal(a, b, sizeof(int32_t) * (size_t)na);
+    assert_memory_equal(a, c, sizeof(int32_t) * (size_t)na);
+    close_model(&f1);
+    close_model(&f2);
+}
+
+/* Forked sequences share the prompt's blocks and continue identically;
+ * blocks return to the pool when all holders are freed; reservation fails
+ * cleanly when the pool is exhausted. */
+static void test_kv_blocks_and_fork(void **state)
+{
+    (void)state;
+    fixture fx = open_model("stories260K", 1, 64); /* 4 blocks of 16 */
+    int V = dol_engine_vocab_size(fx.e);
+    assert_int_equal(dol_engine_kv_blocks_total(fx.e), 4);
+    char err[DOL_ERR_LEN];
+    int32_t prompt[20];
+    for (int i = 0; i < 20; i++) prompt[i] = 5 + i;
+    float *l1 = malloc(sizeof(float) * (size_t)V), *l2 = malloc(sizeof(float) * (size_t)V);
+    int s = dol_engine_seq_new(fx.e);
+    assert_int_equal(dol_engine_seq_reserve(fx.e, s, 21), 0);       /* 2 blocks */
+    assert_int_equal(dol_engine_kv_blocks_free(fx.e), 2);
+    dol_batch_item it = { s, 20, prompt, 0, 1, l1 };
+    assert_int_equal(dol_engine_forward(fx.e, &it, 1, err, sizeof err), 0);
+    int f = dol_engine_seq_fork(fx.e, s, 20);                        /* shares 1, copies 1 */
+    assert_true(f >= 0);
+    assert_int_equal(dol_engine_kv_blocks_free(fx.e), 1);
+    assert_int_equal(dol_engine_seq_reserve(fx.e, f, 21), 0);
+    int32_t nxt = 42;
+    dol_batch_item a = { s, 1, &nxt, 20, 1, l1 }, b = { f, 1, &nxt, 20, 1, l2 };
+    assert_int_equal(dol_engine_forward(fx.e, &a, 1, err, sizeof err), 0);
+    assert_int_equal(dol_engine_forward(fx.e, &b, 1, err, sizeof err), 0);
+    assert_memory_equal(l1, l2, sizeof(float) * (size_t)V);
+    int t = dol_engine_seq_new(fx.e);
+    assert_int_equal(dol_engine_seq_reserve(fx.e, t, 33), -1);       /* needs 3, 1 free */
+    assert_int_equal(dol_engine_kv_blocks_free(fx.e), 1);
+    dol_engine_seq_free(fx.e, s);
+    assert_int_equal(dol_engine_kv_blocks_free(fx.e), 2);            /* shared block still held */
+    dol_engine_seq_free(fx.e, f);
+    assert_int_equal(dol_engine_kv_blocks_free(fx.e), 4);
+    /* forward refuses positions that were not reserved */
+    dol_batch_item bad = { t, 1, &nxt, 0, 0, NULL };
+    assert_int_equal(dol_engine_forward(fx.e, &bad, 1, err, sizeof err), -1);
+    dol_engine_seq_free(fx.e, t);
+    free(l1);
+    free(l2);
+    close_model(&fx);
+}
+
+/* Same seed, same draws; greedy picks the argmax; top-k 1 equals greedy. */
+static void test_sampler(void **state)
+{
+    (void)state;
+    enum { V = 100 };
+    float logits[V];
+    for (int i = 0; i < V; i++) logits[i] = sinf((float)i * 0.37f) * 3.0f;
+    dol_sampler *s = dol_sampler_new(V);
+    dol_sampling_params p;
+    dol_sampling_params_default(&p);
+    dol_rng r1, r2;
+    dol_rng_seed(&r1, 1234);
+    dol_rng_seed(&r2, 1234);
+    int diff = 0;
+    int32_t first = -1;
+    for (int i = 0; i < 50; i++) {
+        int32_t a = dol_sampler_pick(s, &p, logits, &r1), b = dol_sampler_pick(s, &p, logits, &r2);
+        assert_int_equal(a, b);
+        if (first < 0) first = a; else if (a != first) diff++;
+    }
+    assert_true(diff > 0); /* it does sample */
+    p.temperature = 0.0f;
+    int32_t g = dol_sampler_pick(s, &p, logits, &r1);
+    for (int i = 0; i < V; i++) assert_true(logits[i] <= logits[g]);
+    p.temperature = 0.8f;
+    p.top_k = 1;
+    assert_int_equal(dol_sampler_pick(s, &p, logits, &r1), g);
+    p.top_k = 0;
+    p.top_p = 1e-6f;
+    assert_int_equal(dol_sampler_pick(s, &p, logits, &r1), g);
+    /* logprobs: top ids are sorted and sum of exp over vocab is 1 */
+    int32_t ids[5];
+    float lps[5];
+    dol_top_logprobs(logits, V, 5, ids, lps);
+    assert_int_equal(ids[0], g);
+    for (int i = 1; i < 5; i++) assert_true(lps[i] <= lps[i - 1]);
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp(dol_logprob_of(logits, V, i));
+    assert_true(fabs(sum - 1.0) < 1e-4);
+    /* penalties: a repeated token loses probability */
+    float pl[V];
+    memcpy(pl, logits, sizeof pl);
+    dol_sampling_params pp;
+    dol_sampling_params_default(&pp);
+    pp.frequency_penalty = 1.0f;
+    int32_t hist[3] = { g, g, 7 };
+    dol_sampler_apply_penalties(s, &pp, pl, hist, 3, 1);
+    assert_true(fabsf(pl[g] - (logits[g] - 1.0f)) < 1e-6f); /* once in the generated part */
+    assert_true(fabsf(pl[7] - (logits[7] - 1.0f)) < 1e-6f);
+    dol_sampler_free(s);
+}
+
+int main(void)
+{
+    const char *sh = getenv("DOLPHIN_SHARED");
+    snprintf(g_shared, sizeof g_shared, "%s", sh && *sh ? sh : "../shared");
+    char probe[1200];
+    snprintf(probe, sizeof probe, "%s/models/stories260K/config.json", g_shared);
+    FILE *f = fopen(probe, "r");
+    if (!f) {
+        printf("test_engine: fixtures not found under %s (set DOLPHIN_SHARED); skipping\n", g_shared);
+        return 77;
+    }
+    fclose(f);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stories_golden),
+        cmocka_unit_test(test_tiny_llama2_golden),
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_chunking_and_threads),
+        cmocka_unit_test(test_kv_blocks_and_fork),
+        cmocka_unit_test(test_sampler),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
