@@ -8,31 +8,30 @@
 #include <math.h>
 #include <string.h>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(__AVX512F__) && defined(__F16C__)
 #include <immintrin.h>
-#define DOL_HAVE_AVX2 1
-#endif
-
-/* ---- dot products -------------------------------------------------------- */
-
-#ifdef DOL_HAVE_AVX2
-static inline float hsum8(__m256 v)
+#define DOL_SIMD 16
+typedef __m512 vecf;
+static inline vecf v_zero(void) { return _mm512_setzero_ps(); }
+static inline vecf v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline vecf v_load_h(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline vecf v_fma(vecf a, vecf b, vecf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float v_sum(vecf v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define DOL_SIMD 8
+typedef __m256 vecf;
+static inline vecf v_zero(void) { return _mm256_setzero_ps(); }
+static inline vecf v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline vecf v_load_h(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline vecf v_fma(vecf a, vecf b, vecf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float v_sum(vecf v)
 {
-    __m128 lo = _mm256_castps256_ps128(v);
-    __m128 hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     __m128 sh = _mm_movehdup_ps(lo);
     __m128 s = _mm_add_ps(lo, sh);
     sh = _mm_movehl_ps(sh, s);
-    s = _mm_add_ss(s, sh);
-    return _mm_cvtss_f32(s);
-}
-
-static inline __m256 load_w8(const void *w, dol_dtype t, int k)
-{
-    if (t == DOL_DTYPE_F16)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + k)));
-    return _mm256_loadu_ps((const float *)w + k);
+    return _mm_cvtss_f32(_mm_add_ss(s, sh));
 }
 #endif
 
@@ -43,24 +42,21 @@ static inline float load_w1(const void *w, dol_dtype t, int k)
     return ((const float *)w)[k];
 }
 
-/* The summation order, fixed for all callers: two 8-lane accumulators over
- * 16-element strides, then the 8-element remainder, then a scalar tail. */
+/* The summation order, the same for every caller and every batch size: one
+ * DOL_SIMD-lane accumulator over k in steps of DOL_SIMD, a horizontal sum,
+ * then the scalar tail. (Independent chains come from computing several
+ * outputs at once, never from splitting one output's sum.) */
 float dol_cpu_dot(const float *x, const void *w, dol_dtype t, int n)
 {
     int k = 0;
     float sum = 0.0f;
-#ifdef DOL_HAVE_AVX2
+#ifdef DOL_SIMD
     if (t != DOL_DTYPE_BF16) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        for (; k + 16 <= n; k += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load_w8(w, t, k), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), load_w8(w, t, k + 8), a1);
-        }
-        if (k + 8 <= n) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), load_w8(w, t, k), a0);
-            k += 8;
-        }
-        sum = hsum8(_mm256_add_ps(a0, a1));
+        vecf acc = v_zero();
+        for (; k + DOL_SIMD <= n; k += DOL_SIMD)
+            acc = v_fma(v_load(x + k), t == DOL_DTYPE_F16 ? v_load_h((const uint16_t *)w + k)
+                                                          : v_load((const float *)w + k), acc);
+        sum = v_sum(acc);
     }
 #endif
     for (; k < n; k++) sum += x[k] * load_w1(w, t, k);
@@ -78,47 +74,46 @@ typedef struct {
     int rows_per_task;
 } matmul_job;
 
-#ifdef DOL_HAVE_AVX2
-/* Four dot products of x with W rows w0..w3, each in dol_cpu_dot's order. */
-static inline void dot4(const float *x, const void *w0, const void *w1,
-                        const void *w2, const void *w3, dol_dtype t, int n,
-                        float *r)
-{
-    __m256 a0 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps();
-    __m256 a1 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps();
-    __m256 a2 = _mm256_setzero_ps(), b2 = _mm256_setzero_ps();
-    __m256 a3 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m256 xa = _mm256_loadu_ps(x + k), xb = _mm256_loadu_ps(x + k + 8);
-        a0 = _mm256_fmadd_ps(xa, load_w8(w0, t, k), a0);
-        b0 = _mm256_fmadd_ps(xb, load_w8(w0, t, k + 8), b0);
-        a1 = _mm256_fmadd_ps(xa, load_w8(w1, t, k), a1);
-        b1 = _mm256_fmadd_ps(xb, load_w8(w1, t, k + 8), b1);
-        a2 = _mm256_fmadd_ps(xa, load_w8(w2, t, k), a2);
-        b2 = _mm256_fmadd_ps(xb, load_w8(w2, t, k + 8), b2);
-        a3 = _mm256_fmadd_ps(xa, load_w8(w3, t, k), a3);
-        b3 = _mm256_fmadd_ps(xb, load_w8(w3, t, k + 8), b3);
+#ifdef DOL_SIMD
+/* Register tile: NR rows of x against 4 rows of W; each W vector is loaded
+ * (and converted from F16) once for all NR rows. Every output follows
+ * dol_cpu_dot's order exactly. */
+#define DEFINE_TILE(NR, NC)                                                                \
+    static void tile_##NR##x##NC(const float *x, int K, const void *W, dol_dtype t, int n, \
+                                 float *out, int N)                                        \
+    {                                                                                      \
+        vecf acc[NR][NC];                                                                  \
+        for (int r = 0; r < NR; r++)                                                       \
+            for (int c = 0; c < NC; c++) acc[r][c] = v_zero();                             \
+        const char *pf = (const char *)W + (size_t)(n + NC) * K * dol_dtype_size(t);        \
+        const size_t pf_step = NC * dol_dtype_size(t) * DOL_SIMD;                          \
+        int k = 0;                                                                         \
+        for (; k + DOL_SIMD <= K; k += DOL_SIMD) {                                         \
+            vecf w[NC];                                                                    \
+            for (size_t o = 0; o < pf_step; o += 64)                                       \
+                _mm_prefetch(pf + (size_t)k / DOL_SIMD * pf_step + o, _MM_HINT_T0);        \
+            for (int c = 0; c < NC; c++)                                                   \
+                w[c] = t == DOL_DTYPE_F16                                                  \
+                           ? v_load_h((const uint16_t *)W + (size_t)(n + c) * K + k)       \
+                           : v_load((const float *)W + (size_t)(n + c) * K + k);           \
+            for (int r = 0; r < NR; r++) {                                                 \
+                vecf xv = v_load(x + (size_t)r * K + k);                                   \
+                for (int c = 0; c < NC; c++) acc[r][c] = v_fma(xv, w[c], acc[r][c]);       \
+            }                                                                              \
+        }                                                                                  \
+        for (int r = 0; r < NR; r++)                                                       \
+            for (int c = 0; c < NC; c++) {                                                 \
+                float s = v_sum(acc[r][c]);                                                \
+                const float *xr = x + (size_t)r * K;                                       \
+                const char *wr = (const char *)W + (size_t)(n + c) * K * dol_dtype_size(t); \
+                for (int kk = k; kk < K; kk++) s += xr[kk] * load_w1(wr, t, kk);           \
+                out[(size_t)r * N + n + c] = s;                                            \
+            }                                                                              \
     }
-    if (k + 8 <= n) {
-        __m256 xa = _mm256_loadu_ps(x + k);
-        a0 = _mm256_fmadd_ps(xa, load_w8(w0, t, k), a0);
-        a1 = _mm256_fmadd_ps(xa, load_w8(w1, t, k), a1);
-        a2 = _mm256_fmadd_ps(xa, load_w8(w2, t, k), a2);
-        a3 = _mm256_fmadd_ps(xa, load_w8(w3, t, k), a3);
-        k += 8;
-    }
-    r[0] = hsum8(_mm256_add_ps(a0, b0));
-    r[1] = hsum8(_mm256_add_ps(a1, b1));
-    r[2] = hsum8(_mm256_add_ps(a2, b2));
-    r[3] = hsum8(_mm256_add_ps(a3, b3));
-    for (; k < n; k++) {
-        r[0] += x[k] * load_w1(w0, t, k);
-        r[1] += x[k] * load_w1(w1, t, k);
-        r[2] += x[k] * load_w1(w2, t, k);
-        r[3] += x[k] * load_w1(w3, t, k);
-    }
-}
+DEFINE_TILE(1, 4)
+DEFINE_TILE(2, 4)
+DEFINE_TILE(3, 4)
+DEFINE_TILE(4, 4)
 #endif
 
 static void matmul_task(void *ctx, int task, int worker)
@@ -131,18 +126,19 @@ static void matmul_task(void *ctx, int task, int worker)
     size_t esz = dol_dtype_size(j->wt);
     const char *W = j->W;
     int n = n0;
-#ifdef DOL_HAVE_AVX2
+#ifdef DOL_SIMD
     if (j->wt != DOL_DTYPE_BF16) {
         for (; n + 4 <= n1; n += 4) {
-            const void *w0 = W + (size_t)n * j->K * esz;
-            const void *w1 = W + (size_t)(n + 1) * j->K * esz;
-            const void *w2 = W + (size_t)(n + 2) * j->K * esz;
-            const void *w3 = W + (size_t)(n + 3) * j->K * esz;
-            for (int t = 0; t < j->T; t++) {
-                float r[4];
-                dot4(j->x + (size_t)t * j->K, w0, w1, w2, w3, j->wt, j->K, r);
-                float *o = j->out + (size_t)t * j->N + n;
-                o[0] = r[0]; o[1] = r[1]; o[2] = r[2]; o[3] = r[3];
+            int t = 0;
+            for (; t + 4 <= j->T; t += 4)
+                tile_4x4(j->x + (size_t)t * j->K, j->K, W, j->wt, n, j->out + (size_t)t * j->N, j->N);
+            const float *xr = j->x + (size_t)t * j->K;
+            float *orow = j->out + (size_t)t * j->N;
+            switch (j->T - t) {
+            case 3: tile_3x4(xr, j->K, W, j->wt, n, orow, j->N); break;
+            case 2: tile_2x4(xr, j->K, W, j->wt, n, orow, j->N); break;
+            case 1: tile_1x4(xr, j->K, W, j->wt, n, orow, j->N); break;
+            default: break;
             }
         }
     }

@@ -1,22 +1,37 @@
 /* src/engine/threadpool.c — parallel-for over a fixed pool of pthreads.
- * Workers sleep on a condition variable between jobs; within a job they claim
- * task indices from an atomic counter, so uneven tasks balance themselves.
- * The calling thread works too (as worker 0). */
+ * A forward step dispatches ~10 jobs per layer, so dispatch must cost
+ * microseconds: workers spin briefly on an atomic job counter before
+ * sleeping on a condition variable, and the caller (worker 0) spins until
+ * the others are done. Within a job, workers claim task indices from an
+ * atomic counter, so uneven tasks balance themselves. */
 #include "engine/threadpool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* How long an idle worker spins before it sleeps. */
+#define SPIN_NS 200000ull
 
 struct dol_pool {
     int n_threads;
     pthread_t *threads;
     pthread_mutex_t mu;
-    pthread_cond_t wake;     /* a new job (or shutdown) */
-    pthread_cond_t done;     /* the last worker left the job */
-    unsigned long generation;/* bumped per job */
-    int busy;                /* background workers still in the job */
-    int shutdown;
+    pthread_cond_t wake;
+    atomic_ulong generation;  /* bumped per job */
+    atomic_int busy;          /* background workers still in the job */
+    atomic_int sleepers;      /* workers blocked on `wake` */
+    atomic_bool shutdown;
     dol_pool_fn fn;
     void *ctx;
     int n_tasks;
@@ -24,6 +39,13 @@ struct dol_pool {
 };
 
 typedef struct { dol_pool *p; int worker; } worker_arg;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static void work(dol_pool *p, int worker)
 {
@@ -40,18 +62,27 @@ static void *worker_main(void *arg)
     free(arg);
     dol_pool *p = wa.p;
     unsigned long seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->shutdown && p->generation == seen)
-            pthread_cond_wait(&p->wake, &p->mu);
-        if (p->shutdown) break;
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
+        /* wait for a new generation: spin first, then sleep */
+        uint64_t t0 = now_ns();
+        int spins = 0;
+        while (atomic_load_explicit(&p->generation, memory_order_acquire) == seen &&
+               !atomic_load(&p->shutdown)) {
+            cpu_relax();
+            if (++spins % 256 == 0 && now_ns() - t0 > (uint64_t)SPIN_NS) {
+                pthread_mutex_lock(&p->mu);
+                atomic_fetch_add(&p->sleepers, 1);
+                while (atomic_load(&p->generation) == seen && !atomic_load(&p->shutdown))
+                    pthread_cond_wait(&p->wake, &p->mu);
+                atomic_fetch_sub(&p->sleepers, 1);
+                pthread_mutex_unlock(&p->mu);
+            }
+        }
+        if (atomic_load(&p->shutdown)) break;
+        seen = atomic_load_explicit(&p->generation, memory_order_acquire);
         work(p, wa.worker);
-        pthread_mutex_lock(&p->mu);
-        if (--p->busy == 0) pthread_cond_signal(&p->done);
+        atomic_fetch_sub_explicit(&p->busy, 1, memory_order_release);
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -63,7 +94,6 @@ dol_pool *dol_pool_new(int n_threads)
     p->n_threads = n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
-    pthread_cond_init(&p->done, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
     if (!p->threads) { free(p); return NULL; }
     for (int i = 1; i < n_threads; i++) {
@@ -85,13 +115,12 @@ void dol_pool_free(dol_pool *p)
 {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->shutdown = 1;
+    atomic_store(&p->shutdown, true);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->wake);
-    pthread_cond_destroy(&p->done);
     free(p->threads);
     free(p);
 }
@@ -105,19 +134,17 @@ void dol_pool_run(dol_pool *p, dol_pool_fn fn, void *ctx, int n_tasks)
         for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
         return;
     }
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->ctx = ctx;
     p->n_tasks = n_tasks;
-    atomic_store(&p->next, 0);
-    p->busy = p->n_threads - 1;
-    p->generation++;
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mu);
-
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->busy, p->n_threads - 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+    }
     work(p, 0);
-
-    pthread_mutex_lock(&p->mu);
-    while (p->busy > 0) pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    while (atomic_load_explicit(&p->busy, memory_order_acquire) > 0) cpu_relax();
 }

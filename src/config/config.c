@@ -1,0 +1,814 @@
+/* src/config/config.c — owns dol_config: its defaults, the YAML file
+ * (libyaml document API), the command-line flags, --help and API-key
+ * lookup. One table, FIELDS, describes every setting once (name, type,
+ * place in the struct, range, allowed values, default, help); the defaults,
+ * the YAML reader, the flag parser and the help text are all driven by it.
+ */
+#include "dolphin/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <yaml.h>
+
+/* ---------------------------------------------------------------- table */
+
+typedef enum {
+    F_STR,    /* char array; min = minimum length */
+    F_ENUM,   /* char array holding one of `choices` */
+    F_INT,    /* int */
+    F_I64,    /* int64_t */
+    F_SIZE,   /* size_t */
+    F_FLOAT,  /* float */
+    F_DOUBLE, /* double */
+    F_BOOL,   /* bool: --name / --no-name */
+    F_KEYS,   /* api_keys: YAML sequence of {key, priority}; flag KEY[:PRIO] */
+} field_type;
+
+typedef struct {
+    const char *name;    /* YAML key; the flag is --name with '_' -> '-' */
+    const char *flag;    /* flag name when it differs from the key */
+    field_type type;
+    size_t off, size;    /* place of the member in dol_config */
+    double min, max;     /* numeric range, inclusive (max HUGE_VAL = none) */
+    bool min_open;       /* the range excludes min: (min, max] */
+    bool bytes;          /* integer that accepts size suffixes (KiB, MiB…) */
+    const char *choices; /* F_ENUM: "a|b|c" */
+    const char *def;     /* default as text: applied and shown by --help */
+    const char *metavar; /* value name shown by --help */
+    const char *help;
+    const char *group;   /* --help heading starting at this field */
+} field;
+
+#define AT(m) .off = offsetof(dol_config, m), .size = sizeof(((dol_config *)0)->m)
+#define NONE HUGE_VAL
+
+static const field FIELDS[] = {
+    /* server */
+    { .name = "host", .type = F_STR, AT(host), .min = 1, .def = "127.0.0.1",
+      .metavar = "ADDR", .help = "address to listen on (0.0.0.0 = every interface)",
+      .group = "Server" },
+    { .name = "port", .type = F_INT, AT(port), .min = 0, .max = 65535, .def = "8080",
+      .metavar = "N", .help = "TCP port; 0 = any free port" },
+    { .name = "max_body_bytes", .type = F_SIZE, AT(max_body_bytes), .min = 1024,
+      .max = NONE, .bytes = true, .def = "1MiB", .metavar = "SIZE",
+      .help = "largest request body; larger ones get 413" },
+    /* model */
+    { .name = "model", .type = F_STR, AT(model), .def = "", .metavar = "DIR",
+      .help = "Hugging Face model directory (required; relative to the working directory)",
+      .group = "Model" },
+    { .name = "served_model_name", .type = F_STR, AT(served_model_name), .def = "",
+      .metavar = "NAME", .help = "model id in the API; empty = the model directory's name" },
+    { .name = "threads", .type = F_INT, AT(threads), .min = 0, .max = 1024, .def = "0",
+      .metavar = "N", .help = "CPU compute threads; 0 = every online core" },
+    { .name = "backend", .type = F_ENUM, AT(backend), .choices = "auto|cpu|cuda",
+      .def = "auto", .help = "compute backend; auto = CUDA when a device is usable" },
+    { .name = "weights", .type = F_ENUM, AT(weights), .choices = "auto|f32|f16|nf4",
+      .def = "auto", .help = "weight format; auto = f16 on CUDA, f32 on the CPU" },
+    { .name = "context_len", .type = F_INT, AT(context_len), .min = 0, .max = NONE,
+      .def = "0", .metavar = "N", .help = "context length; 0 = max_position_embeddings" },
+    /* sampling */
+    { .name = "temperature", .type = F_FLOAT, AT(temperature), .min = 0, .max = 2,
+      .def = "1.0", .metavar = "T", .help = "default temperature; 0 = greedy",
+      .group = "Sampling defaults (used when a request leaves a value out)" },
+    { .name = "top_p", .type = F_FLOAT, AT(top_p), .min = 0, .max = 1, .min_open = true,
+      .def = "1.0", .metavar = "P", .help = "default nucleus sampling mass; 1 = off" },
+    { .name = "top_k", .type = F_INT, AT(top_k), .min = 0, .max = NONE, .def = "0",
+      .metavar = "K", .help = "default top-k; 0 = off" },
+    { .name = "max_tokens", .type = F_INT, AT(max_tokens), .min = 1, .max = NONE,
+      .def = "16", .metavar = "N", .help = "default max_tokens for completions" },
+    /* scheduler */
+    { .name = "batch_window_ms", .type = F_INT, AT(batch_window_ms), .min = 0,
+      .max = 60000, .def = "50", .metavar = "MS",
+      .help = "how long an idle engine waits for more requests before a batch starts",
+      .group = "Scheduler" },
+    { .name = "max_batch_size", .type = F_INT, AT(max_batch_size), .min = 1, .max = 256,
+      .def = "8", .metavar = "N", .help = "most sequences in one batch" },
+    { .name = "batch_mode", .type = F_ENUM, AT(batch_mode), .choices = "continuous|static",
+      .def = "continuous", .help = "continuous: join/leave every step; static: run a batch to the end" },
+    { .name = "max_queue", .type = F_INT, AT(max_queue), .min = 1, .max = NONE,
+      .def = "256", .metavar = "N", .help = "most waiting requests; beyond: 429" },
+    { .name = "request_timeout_s", .type = F_DOUBLE, AT(request_timeout_s), .min = 0,
+      .max = NONE, .def = "600", .metavar = "S",
+      .help = "queue wait + generation limit per request; 0 = none" },
+    { .name = "memory_high_watermark", .type = F_DOUBLE, AT(memory_high_watermark),
+      .min = 0, .max = 1, .min_open = true, .def = "0.80", .metavar = "R",
+      .help = "KV/device memory use above which sequences are admitted one at a time" },
+    { .name = "kv_cache_tokens", .type = F_I64, AT(kv_cache_tokens), .min = 0,
+      .max = NONE, .def = "0", .metavar = "N", .help = "KV-cache capacity in tokens; 0 = derive" },
+    { .name = "kv_cache_bytes", .type = F_I64, AT(kv_cache_bytes), .min = 0, .max = NONE,
+      .bytes = true, .def = "0", .metavar = "SIZE",
+      .help = "KV-cache capacity in bytes; 0 = derive" },
+    { .name = "kv_block_size", .type = F_INT, AT(kv_block_size), .min = 1, .max = 1024,
+      .def = "16", .metavar = "N", .help = "tokens per KV-cache block" },
+    { .name = "prefill_chunk", .type = F_INT, AT(prefill_chunk), .min = 1, .max = NONE,
+      .def = "512", .metavar = "N", .help = "most prompt tokens per sequence per step" },
+    /* keys and priorities */
+    { .name = "api_keys", .flag = "api-key", .type = F_KEYS, .min = 0, .max = NONE,
+      .def = "", .metavar = "KEY[:PRIO]",
+      .help = "accepted bearer key with its priority (repeatable, appends); none = open",
+      .group = "API keys and priorities" },
+    { .name = "default_priority", .type = F_INT, AT(default_priority), .min = 0,
+      .max = NONE, .def = "0", .metavar = "N",
+      .help = "priority of every request when no API keys are configured" },
+    /* operations */
+    { .name = "drain_timeout_s", .type = F_DOUBLE, AT(drain_timeout_s), .min = 0,
+      .max = NONE, .def = "30", .metavar = "S",
+      .help = "on SIGTERM/SIGINT, how long in-flight requests may finish",
+      .group = "Operations" },
+    { .name = "vram_unready_ratio", .type = F_DOUBLE, AT(vram_unready_ratio), .min = 0,
+      .max = 1, .min_open = true, .def = "0.90", .metavar = "R",
+      .help = "device memory use (fraction of total) that, held, makes /healthz 503" },
+    { .name = "vram_unready_after_s", .type = F_DOUBLE, AT(vram_unready_after_s),
+      .min = 0, .max = NONE, .def = "15", .metavar = "S",
+      .help = "how long memory use must stay above vram_unready_ratio" },
+    { .name = "log_level", .type = F_ENUM, AT(log_level), .choices = "debug|info|warn|error",
+      .def = "info", .help = "least severe log level printed" },
+    { .name = "warmup", .type = F_BOOL, AT(warmup), .def = "true",
+      .help = "run warm-up generations before reporting ready" },
+};
+
+#define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
+
+#define MAX_PRIORITY INT_MAX
+
+/* The flag name of a field (without "--"), e.g. "max-batch-size". */
+static const char *flag_name(const field *f, char *buf, size_t n)
+{
+    if (f->flag) return f->flag;
+    size_t i = 0;
+    for (; f->name[i] && i + 1 < n; i++) buf[i] = f->name[i] == '_' ? '-' : f->name[i];
+    buf[i] = '\0';
+    return buf;
+}
+
+static const field *find_by_key(const char *key)
+{
+    for (size_t i = 0; i < N_FIELDS; i++)
+        if (strcmp(FIELDS[i].name, key) == 0) return &FIELDS[i];
+    return NULL;
+}
+
+static const field *find_by_flag(const char *name, size_t len)
+{
+    char buf[64];
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const char *fl = flag_name(&FIELDS[i], buf, sizeof buf);
+        if (strlen(fl) == len && strncmp(fl, name, len) == 0) return &FIELDS[i];
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------- parsing */
+
+/* "must be between 0 and 65535", "must be > 0 and <= 1", "must be >= 1". */
+static void describe_range(const field *f, char *buf, size_t n)
+{
+    const char *lo = f->min_open ? ">" : ">=";
+    if (f->max == NONE)
+        snprintf(buf, n, "must be %s %g", lo, f->min);
+    else if (f->min_open)
+        snprintf(buf, n, "must be > %g and <= %g", f->min, f->max);
+    else
+        snprintf(buf, n, "must be between %g and %g", f->min, f->max);
+}
+
+static bool in_range(const field *f, double v)
+{
+    if (v < f->min || (f->min_open && v == f->min)) return false;
+    return v <= f->max;
+}
+
+/* Decimal integer with, when `bytes`, an optional size suffix. */
+static int parse_integer(const char *s, bool bytes, long long *out, bool *overflow)
+{
+    *overflow = false;
+    if (!*s || isspace((unsigned char)s[0])) return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s) return -1;
+    if (errno == ERANGE) { *overflow = true; return -1; }
+    if (bytes && *end) {
+        static const struct { const char *sfx; long long mul; } units[] = {
+            { "B", 1 },
+            { "KiB", 1LL << 10 }, { "MiB", 1LL << 20 }, { "GiB", 1LL << 30 }, { "TiB", 1LL << 40 },
+            { "KB", 1000LL }, { "MB", 1000000LL }, { "GB", 1000000000LL }, { "TB", 1000000000000LL },
+        };
+        if (*end == ' ') end++;
+        size_t i = 0;
+        for (; i < sizeof units / sizeof units[0]; i++)
+            if (strcasecmp(end, units[i].sfx) == 0) break;
+        if (i == sizeof units / sizeof units[0]) return -1;
+        if (v > LLONG_MAX / units[i].mul || v < LLONG_MIN / units[i].mul) {
+            *overflow = true;
+            return -1;
+        }
+        v *= units[i].mul;
+        end += strlen(end);
+    }
+    if (*end) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_bool(const char *s, bool *out)
+{
+    static const char *yes[] = { "true", "yes", "on", "1" }, *no[] = { "false", "no", "off", "0" };
+    for (size_t i = 0; i < 4; i++) {
+        if (strcasecmp(s, yes[i]) == 0) { *out = true; return 0; }
+        if (strcasecmp(s, no[i]) == 0) { *out = false; return 0; }
+    }
+    return -1;
+}
+
+/* Append one API key. Problems never echo the key: it is a secret. */
+static int add_api_key(dol_config *c, const char *key, size_t len, int prio,
+                       char *prob, size_t plen)
+{
+    if (len == 0) { dol_set_err(prob, plen, "key must not be empty"); return -1; }
+    if (len >= sizeof c->api_keys[0].key) {
+        dol_set_err(prob, plen, "key too long: %zu bytes (max %zu)", len,
+                    sizeof c->api_keys[0].key - 1);
+        return -1;
+    }
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)key[i];
+        if (ch <= ' ' || ch == 0x7f) {
+            dol_set_err(prob, plen, "key contains whitespace or a control character");
+            return -1;
+        }
+    }
+    for (int i = 0; i < c->n_api_keys; i++) {
+        if (strlen(c->api_keys[i].key) == len && memcmp(c->api_keys[i].key, key, len) == 0) {
+            dol_set_err(prob, plen, "key listed twice (as key %d and %d)", i, c->n_api_keys);
+            return -1;
+        }
+    }
+    if (c->n_api_keys >= DOL_MAX_API_KEYS) {
+        dol_set_err(prob, plen, "too many keys (max %d)", DOL_MAX_API_KEYS);
+        return -1;
+    }
+    dol_api_key *k = &c->api_keys[c->n_api_keys++];
+    memset(k->key, 0, sizeof k->key);
+    memcpy(k->key, key, len);
+    k->priority = prio;
+    return 0;
+}
+
+/* Set field f of c from text. On failure writes the problem (without the
+ * field name) into prob and returns -1. F_KEYS appends one "KEY[:PRIO]". */
+static int set_field(dol_config *c, const field *f, const char *val, char *prob, size_t plen)
+{
+    char *dst = (char *)c + f->off;
+    char range[96];
+    describe_range(f, range, sizeof range);
+
+    switch (f->type) {
+    case F_STR: {
+        size_t len = strlen(val);
+        if (len >= f->size) {
+            dol_set_err(prob, plen, "too long: %zu bytes (max %zu)", len, f->size - 1);
+            return -1;
+        }
+        if ((double)len < f->min) { dol_set_err(prob, plen, "must not be empty"); return -1; }
+        memset(dst, 0, f->size);
+        memcpy(dst, val, len);
+        return 0;
+    }
+    case F_ENUM: {
+        const char *p = f->choices;
+        size_t len = strlen(val);
+        while (*p) {
+            size_t n = strcspn(p, "|");
+            if (n == len && strncasecmp(p, val, n) == 0) {
+                memset(dst, 0, f->size);
+                memcpy(dst, p, n); /* canonical spelling */
+                return 0;
+            }
+            p += n + (p[n] == '|');
+        }
+        dol_set_err(prob, plen, "not one of %s: %s", f->choices, val);
+        return -1;
+    }
+    case F_INT:
+    case F_I64:
+    case F_SIZE: {
+        long long v;
+        bool overflow;
+        if (parse_integer(val, f->bytes, &v, &overflow) < 0) {
+            if (overflow)
+                dol_set_err(prob, plen, "out of range: %s (%s)", val, range);
+            else if (f->bytes)
+                dol_set_err(prob, plen,
+                            "not a size (an integer, optionally with B, KiB, MiB, GiB, TiB, "
+                            "KB, MB, GB or TB): %s", val);
+            else
+                dol_set_err(prob, plen, "not an integer: %s", val);
+            return -1;
+        }
+        bool fits = in_range(f, (double)v);
+        if (f->type == F_INT) fits = fits && v >= INT_MIN && v <= INT_MAX;
+        if (!fits) { dol_set_err(prob, plen, "out of range: %s (%s)", val, range); return -1; }
+        if (f->type == F_INT) *(int *)(void *)dst = (int)v;
+        else if (f->type == F_I64) *(int64_t *)(void *)dst = (int64_t)v;
+        else *(size_t *)(void *)dst = (size_t)v;
+        return 0;
+    }
+    case F_FLOAT:
+    case F_DOUBLE: {
+        char *end = NULL;
+        double v = 0;
+        bool ok = *val && !isspace((unsigned char)val[0]);
+        if (ok) {
+            v = strtod(val, &end);
+            ok = end != val && *end == '\0' && isfinite(v);
+        }
+        if (!ok) {
+            dol_set_err(prob, plen, "not a number: %s", val);
+            return -1;
+        }
+        if (!in_range(f, v)) { dol_set_err(prob, plen, "out of range: %s (%s)", val, range); return -1; }
+        if (f->type == F_FLOAT) *(float *)(void *)dst = (float)v;
+        else *(double *)(void *)dst = v;
+        return 0;
+    }
+    case F_BOOL: {
+        bool b;
+        if (parse_bool(val, &b) < 0) {
+            dol_set_err(prob, plen, "not a boolean (true or false): %s", val);
+            return -1;
+        }
+        *(bool *)(void *)dst = b;
+        return 0;
+    }
+    case F_KEYS: {
+        /* KEY[:PRIORITY]: the text after the last ':' is the priority. */
+        const char *colon = strrchr(val, ':');
+        long long prio = 0;
+        bool overflow;
+        if (colon) {
+            if (parse_integer(colon + 1, false, &prio, &overflow) < 0) {
+                dol_set_err(prob, plen, "priority is not an integer: %s", colon + 1);
+                return -1;
+            }
+            if (prio < 0 || prio > MAX_PRIORITY) {
+                dol_set_err(prob, plen, "priority out of range: %s (must be >= 0)", colon + 1);
+                return -1;
+            }
+        }
+        return add_api_key(c, val, colon ? (size_t)(colon - val) : strlen(val), (int)prio,
+                           prob, plen);
+    }
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------- defaults */
+
+void dol_config_defaults(dol_config *c)
+{
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        if (FIELDS[i].type == F_KEYS) continue; /* no keys = open */
+        char prob[DOL_ERR_LEN];
+        if (set_field(c, &FIELDS[i], FIELDS[i].def, prob, sizeof prob) < 0) {
+            fprintf(stderr, "dolphin: bad built-in default for %s: %s\n", FIELDS[i].name, prob);
+            abort();
+        }
+    }
+}
+
+/* ----------------------------------------------------------------- YAML */
+
+static size_t line_of(const yaml_node_t *n) { return n->start_mark.line + 1; }
+
+/* A plain empty / ~ / null scalar: YAML's null. */
+static bool is_null(const yaml_node_t *n)
+{
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return false;
+    const char *v = (const char *)n->data.scalar.value;
+    return !*v || strcmp(v, "~") == 0 || strcasecmp(v, "null") == 0;
+}
+
+static const char *node_kind(const yaml_node_t *n)
+{
+    return n->type == YAML_MAPPING_NODE ? "a mapping"
+         : n->type == YAML_SEQUENCE_NODE ? "a sequence" : "a scalar";
+}
+
+/* api_keys: [ {key: "...", priority: N}, ... ] — replaces the list. */
+static int load_api_keys(dol_config *c, yaml_document_t *doc, yaml_node_t *val,
+                         const char *path, char *err, size_t errlen)
+{
+    c->n_api_keys = 0;
+    if (is_null(val)) return 0;
+    if (val->type != YAML_SEQUENCE_NODE) {
+        dol_set_err(err, errlen, "%s:%zu: field api_keys: expected a sequence of "
+                    "{key, priority} mappings, got %s", path, line_of(val), node_kind(val));
+        return -1;
+    }
+    int idx = 0;
+    for (yaml_node_item_t *it = val->data.sequence.items.start;
+         it < val->data.sequence.items.top; it++, idx++) {
+        yaml_node_t *ent = yaml_document_get_node(doc, *it);
+        if (ent->type != YAML_MAPPING_NODE) {
+            dol_set_err(err, errlen, "%s:%zu: field api_keys[%d]: expected a mapping "
+                        "{key: ..., priority: N}, got %s", path, line_of(ent), idx,
+                        node_kind(ent));
+            return -1;
+        }
+        const char *key = NULL;
+        long long prio = 0;
+        for (yaml_node_pair_t *p = ent->data.mapping.pairs.start;
+             p < ent->data.mapping.pairs.top; p++) {
+            yaml_node_t *k = yaml_document_get_node(doc, p->key);
+            yaml_node_t *v = yaml_document_get_node(doc, p->value);
+            const char *kname = k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "?";
+            if (k->type != YAML_SCALAR_NODE || (strcmp(kname, "key") && strcmp(kname, "priority"))) {
+                dol_set_err(err, errlen, "%s:%zu: field api_keys[%d].%s: unknown key "
+                            "(want key, priority)", path, line_of(k), idx, kname);
+                return -1;
+            }
+            if (v->type != YAML_SCALAR_NODE) {
+                dol_set_err(err, errlen, "%s:%zu: field api_keys[%d].%s: expected a scalar, "
+                            "got %s", path, line_of(v), idx, kname, node_kind(v));
+                return -1;
+            }
+            const char *s = (const char *)v->data.scalar.value;
+            if (strcmp(kname, "key") == 0) {
+                key = is_null(v) ? "" : s;
+                continue;
+            }
+            bool overflow;
+            if (parse_integer(s, false, &prio, &overflow) < 0) {
+                dol_set_err(err, errlen, "%s:%zu: field api_keys[%d].priority: not an "
+                            "integer: %s", path, line_of(v), idx, s);
+                return -1;
+            }
+            if (prio < 0 || prio > MAX_PRIORITY) {
+                dol_set_err(err, errlen, "%s:%zu: field api_keys[%d].priority: out of range: "
+                            "%s (must be >= 0)", path, line_of(v), idx, s);
+                return -1;
+            }
+        }
+        if (!key) {
+            dol_set_err(err, errlen, "%s:%zu: field api_keys[%d]: missing key", path,
+                        line_of(ent), idx);
+            return -1;
+        }
+        char prob[DOL_ERR_LEN];
+        if (add_api_key(c, key, strlen(key), (int)prio, prob, sizeof prob) < 0) {
+            dol_set_err(err, errlen, "%s:%zu: field api_keys[%d].key: %s", path,
+                        line_of(ent), idx, prob);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Apply the root mapping of doc to c. */
+static int apply_document(dol_config *c, yaml_document_t *doc, const char *path,
+                          char *err, size_t errlen)
+{
+    yaml_node_t *root = yaml_document_get_root_node(doc);
+    if (!root || is_null(root)) return 0; /* empty file: no changes */
+    if (root->type != YAML_MAPPING_NODE) {
+        dol_set_err(err, errlen, "%s:%zu: expected a mapping of `key: value` lines at the "
+                    "top level, got %s", path, line_of(root), node_kind(root));
+        return -1;
+    }
+    size_t seen[N_FIELDS] = { 0 }; /* line where each key was set, to catch repeats */
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start;
+         p < root->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(doc, p->value);
+        if (k->type != YAML_SCALAR_NODE) {
+            dol_set_err(err, errlen, "%s:%zu: a key must be a plain name, not %s", path,
+                        line_of(k), node_kind(k));
+            return -1;
+        }
+        const char *name = (const char *)k->data.scalar.value;
+        const field *f = find_by_key(name);
+        if (!f) {
+            /* A dashed spelling (max-batch-size) is a common slip: say so. */
+            char alt[64];
+            snprintf(alt, sizeof alt, "%s", name);
+            for (char *q = alt; *q; q++) if (*q == '-') *q = '_';
+            const field *g = find_by_key(alt);
+            if (g)
+                dol_set_err(err, errlen, "%s:%zu: field %s: unknown key (did you mean %s?)",
+                            path, line_of(k), name, g->name);
+            else
+                dol_set_err(err, errlen, "%s:%zu: field %s: unknown key", path, line_of(k), name);
+            return -1;
+        }
+        size_t fi = (size_t)(f - FIELDS);
+        if (seen[fi]) {
+            dol_set_err(err, errlen, "%s:%zu: field %s: set twice (first at line %zu)", path,
+                        line_of(k), name, seen[fi]);
+            return -1;
+        }
+        seen[fi] = line_of(k);
+
+        if (f->type == F_KEYS) {
+            if (load_api_keys(c, doc, v, path, err, errlen) < 0) return -1;
+            continue;
+        }
+        if (v->type != YAML_SCALAR_NODE) {
+            dol_set_err(err, errlen, "%s:%zu: field %s: expected a single value, got %s", path,
+                        line_of(v), name, node_kind(v));
+            return -1;
+        }
+        const char *s = (const char *)v->data.scalar.value;
+        if (is_null(v)) {
+            if (f->type != F_STR) {
+                dol_set_err(err, errlen, "%s:%zu: field %s: missing value", path, line_of(v), name);
+                return -1;
+            }
+            s = "";
+        }
+        char prob[DOL_ERR_LEN];
+        if (set_field(c, f, s, prob, sizeof prob) < 0) {
+            dol_set_err(err, errlen, "%s:%zu: field %s: %s", path, line_of(v), name, prob);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void syntax_error(const yaml_parser_t *ps, const char *path, char *err, size_t errlen)
+{
+    const char *prob = ps->problem ? ps->problem : "malformed YAML";
+    if (ps->error == YAML_READER_ERROR) {
+        dol_set_err(err, errlen, "%s: byte %zu: %s", path, ps->problem_offset, prob);
+    } else if (ps->context) {
+        dol_set_err(err, errlen, "%s:%zu: %s (%s at line %zu)", path, ps->problem_mark.line + 1,
+                    prob, ps->context, ps->context_mark.line + 1);
+    } else {
+        dol_set_err(err, errlen, "%s:%zu: %s", path, ps->problem_mark.line + 1, prob);
+    }
+}
+
+int dol_config_load_yaml(dol_config *c, const char *path, char *err, size_t errlen)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        dol_set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    yaml_parser_t ps;
+    if (!yaml_parser_initialize(&ps)) {
+        fclose(fp);
+        dol_set_err(err, errlen, "%s: cannot initialise the YAML parser", path);
+        return -1;
+    }
+    yaml_parser_set_input_file(&ps, fp);
+
+    /* Work on a copy so a bad file leaves c untouched. */
+    dol_config *tmp = malloc(sizeof *tmp);
+    int rc = -1;
+    yaml_document_t doc;
+    if (!tmp) {
+        dol_set_err(err, errlen, "%s: out of memory", path);
+    } else if (!yaml_parser_load(&ps, &doc)) {
+        syntax_error(&ps, path, err, errlen);
+    } else {
+        *tmp = *c;
+        rc = apply_document(tmp, &doc, path, err, errlen);
+        yaml_document_delete(&doc);
+        if (rc == 0) {
+            /* A second document ("---") would be silently ignored: refuse it. */
+            if (!yaml_parser_load(&ps, &doc)) {
+                syntax_error(&ps, path, err, errlen);
+                rc = -1;
+            } else {
+                yaml_node_t *r2 = yaml_document_get_root_node(&doc);
+                if (r2) {
+                    dol_set_err(err, errlen, "%s:%zu: only one YAML document is allowed", path,
+                                line_of(r2));
+                    rc = -1;
+                }
+                yaml_document_delete(&doc);
+            }
+        }
+        if (rc == 0) *c = *tmp;
+    }
+    free(tmp);
+    yaml_parser_delete(&ps);
+    fclose(fp);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- flags */
+
+static bool is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
+
+/* Does `--name` (no '=') take the next argument as its value? */
+static bool takes_value(const char *arg)
+{
+    if (strncmp(arg, "--", 2) != 0 || strchr(arg, '=')) return false;
+    if (strcmp(arg, "--config") == 0) return true;
+    const field *f = find_by_flag(arg + 2, strlen(arg + 2));
+    return f && f->type != F_BOOL;
+}
+
+/* The value of a flag: after '=' or the next argument (which must not be
+ * another --flag). Advances *i past a consumed argument. */
+static const char *flag_value(int argc, char **argv, int *i, const char *eq)
+{
+    if (eq) return eq + 1;
+    if (*i + 1 < argc && strncmp(argv[*i + 1], "--", 2) != 0) return argv[++*i];
+    return NULL;
+}
+
+int dol_config_from_args(dol_config *c, int argc, char **argv, char *err, size_t errlen)
+{
+    /* Pass 1: --help/--version, and --config (defaults, then the file). */
+    const char *config_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (is_help(a)) {
+            dol_config_print_help(stdout, argv[0]);
+            return 1;
+        }
+        if (strcmp(a, "--version") == 0) {
+            printf("dolphind %s\n", DOL_VERSION);
+            return 1;
+        }
+        if (strcmp(a, "--config") == 0 || strncmp(a, "--config=", 9) == 0) {
+            const char *v = flag_value(argc, argv, &i, strchr(a, '='));
+            if (!v || !*v) { dol_set_err(err, errlen, "flag --config: missing value"); return -1; }
+            if (config_path) {
+                dol_set_err(err, errlen, "flag --config: given more than once");
+                return -1;
+            }
+            config_path = v;
+            continue;
+        }
+        if (takes_value(a) && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) i++;
+    }
+    dol_config_defaults(c);
+    if (config_path && dol_config_load_yaml(c, config_path, err, errlen) < 0) return -1;
+
+    /* Pass 2: every other flag, in order; later ones win. */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+            dol_set_err(err, errlen, "unexpected argument %s (see --help)", a);
+            return -1;
+        }
+        const char *name = a + 2;
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        if (len == 6 && strncmp(name, "config", 6) == 0) {
+            flag_value(argc, argv, &i, eq); /* applied in pass 1 */
+            continue;
+        }
+        const field *f = find_by_flag(name, len);
+        bool negated = false;
+        if (!f && len > 3 && strncmp(name, "no-", 3) == 0) {
+            f = find_by_flag(name + 3, len - 3);
+            if (f && f->type != F_BOOL) f = NULL;
+            negated = f != NULL;
+        }
+        if (!f) {
+            dol_set_err(err, errlen, "unknown flag --%.*s (see --help)", (int)len, name);
+            return -1;
+        }
+        char prob[DOL_ERR_LEN];
+        const char *v;
+        if (f->type == F_BOOL) {
+            if (negated && eq) {
+                dol_set_err(err, errlen, "flag --%.*s: takes no value", (int)len, name);
+                return -1;
+            }
+            v = negated ? "false" : eq ? eq + 1 : "true";
+        } else {
+            v = flag_value(argc, argv, &i, eq);
+            if (!v) {
+                dol_set_err(err, errlen, "flag --%.*s: missing value", (int)len, name);
+                return -1;
+            }
+        }
+        if (set_field(c, f, v, prob, sizeof prob) < 0) {
+            dol_set_err(err, errlen, "flag --%.*s: %s", (int)len, name, prob);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------- help */
+
+/* Print `left` in a 30-column gutter, then `text` word-wrapped, then `tail`
+ * (kept whole on one line, e.g. "[0..65535; default 8080]"). */
+static void help_line(FILE *f, const char *left, const char *text, const char *tail)
+{
+    enum { GUTTER = 30, WIDTH = 80 };
+    int col = fprintf(f, "  %s", left);
+    if (col >= GUTTER) { fputc('\n', f); col = 0; }
+    fprintf(f, "%*s", GUTTER - col, "");
+    col = GUTTER;
+    bool in_tail = false;
+    for (;;) {
+        if (!*text) {
+            if (in_tail || !tail || !*tail) break;
+            text = tail;
+            in_tail = true;
+        }
+        size_t w = in_tail ? strlen(text) : strcspn(text, " ");
+        if (col > GUTTER && col + 1 + (int)w > WIDTH) {
+            fprintf(f, "\n%*s", GUTTER, "");
+            col = GUTTER;
+        } else if (col > GUTTER) {
+            fputc(' ', f);
+            col++;
+        }
+        fprintf(f, "%.*s", (int)w, text);
+        col += (int)w;
+        text += w;
+        while (*text == ' ') text++;
+    }
+    fputc('\n', f);
+}
+
+void dol_config_print_help(void *fp, const char *argv0)
+{
+    FILE *f = fp;
+    const char *prog = argv0 && *argv0 ? argv0 : "dolphind";
+    const char *slash = strrchr(prog, '/');
+    if (slash && slash[1]) prog = slash + 1;
+
+    fprintf(f,
+            "Usage: %s [--config FILE] [--FLAG VALUE | --FLAG=VALUE]...\n"
+            "\n"
+            "Dolphin %s, an OpenAI-compatible inference server for Llama-2 models.\n"
+            "Settings come from the defaults, then the YAML file given with --config, then\n"
+            "these flags (flags win). The YAML key of --some-flag is some_flag (--api-key:\n"
+            "api_keys). Booleans: --flag, --no-flag or --flag=true|false. Sizes take B, KiB,\n"
+            "MiB, GiB, TiB, KB, MB, GB or TB. Relative paths are relative to the working\n"
+            "directory.\n\n",
+            prog, DOL_VERSION);
+    help_line(f, "--config FILE", "YAML config file (e.g. configs/dolphin.yaml)", NULL);
+    help_line(f, "-h, --help", "print this help and exit", NULL);
+    help_line(f, "--version", "print the version and exit", NULL);
+
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const field *fd = &FIELDS[i];
+        if (fd->group) fprintf(f, "\n%s:\n", fd->group);
+
+        char fbuf[64], left[160];
+        const char *fl = flag_name(fd, fbuf, sizeof fbuf);
+        if (fd->type == F_BOOL)
+            snprintf(left, sizeof left, "--%s, --no-%s", fl, fl);
+        else
+            snprintf(left, sizeof left, "--%s %s", fl, fd->type == F_ENUM ? fd->choices : fd->metavar);
+
+        /* help text, then "[range; default X]" */
+        char range[96] = "", tail[160];
+        switch (fd->type) {
+        case F_INT: case F_I64: case F_SIZE: case F_FLOAT: case F_DOUBLE:
+            if (fd->max == NONE)
+                snprintf(range, sizeof range, "%s%g; ", fd->min_open ? ">" : ">=", fd->min);
+            else
+                snprintf(range, sizeof range, "%s%g..%g%s; ", fd->min_open ? "(" : "",
+                         fd->min, fd->max, fd->min_open ? "]" : "");
+            break;
+        default:
+            break;
+        }
+        snprintf(tail, sizeof tail, "[%sdefault %s]", range,
+                 fd->type == F_KEYS ? "none" : *fd->def ? fd->def : "\"\"");
+        help_line(f, left, fd->help, tail);
+    }
+}
+
+/* ----------------------------------------------------------------- keys */
+
+int dol_config_key_priority(const dol_config *c, const char *key)
+{
+    if (c->n_api_keys == 0) return c->default_priority;
+    if (!key) return -1;
+    /* Compare against every key without stopping early, so the time taken
+     * does not tell how much of a guess was right. */
+    size_t len = strlen(key);
+    int found = -1;
+    for (int i = 0; i < c->n_api_keys; i++) {
+        const char *k = c->api_keys[i].key;
+        size_t klen = strlen(k);
+        unsigned diff = (unsigned)(klen != len);
+        for (size_t j = 0; j < sizeof c->api_keys[i].key; j++) {
+            unsigned char a = j < len ? (unsigned char)key[j] : 0;
+            diff |= (unsigned)(a ^ (unsigned char)k[j]);
+        }
+        if (diff == 0 && found < 0) found = c->api_keys[i].priority;
+    }
+    return found;
+}
