@@ -115,8 +115,10 @@ int main(int argc, char **argv)
         snprintf(err, sizeof err, "weights: %s is not supported by the CPU backend yet", cfg.weights);
         return fail(2, err);
     }
-    if (strcmp(cfg.backend, "cuda") == 0)
-        return fail(2, "backend: cuda requested but this dolphind was built without CUDA");
+    ep.backend = strcmp(cfg.backend, "cuda") == 0  ? DOL_BACKEND_CUDA
+                 : strcmp(cfg.backend, "cpu") == 0 ? DOL_BACKEND_CPU
+                                                   : DOL_BACKEND_AUTO;
+    ep.gpu_memory_fraction = 0.90;
 
     dol_engine *engine = NULL;
     if (dol_engine_create(model, &ep, &engine, err, sizeof err) != 0) {
@@ -143,9 +145,9 @@ int main(int argc, char **argv)
     }
     dol_server_attach(srv, model, tok, sched);
     dol_log(DOL_LOG_INFO, "model_loaded",
-            "model=%s layers=%d hidden=%d heads=%d kv_heads=%d vocab=%d ctx=%d weight_bytes=%zu "
+            "backend=%s model=%s layers=%d hidden=%d heads=%d kv_heads=%d vocab=%d ctx=%d weight_bytes=%zu "
             "kv_blocks=%d kv_block_size=%d threads=%d load_ms=%.0f",
-            model->name, model->cfg.n_layers, model->cfg.hidden_size, model->cfg.n_heads,
+            dol_engine_backend_name(engine), model->name, model->cfg.n_layers, model->cfg.hidden_size, model->cfg.n_heads,
             model->cfg.n_kv_heads, model->cfg.vocab_size, dol_engine_context_len(engine),
             dol_engine_weight_bytes(engine), dol_engine_kv_blocks_total(engine),
             dol_engine_kv_block_size(engine), threads, dol_now_ms() - t0);

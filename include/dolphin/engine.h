@@ -30,7 +30,18 @@ typedef enum {
     DOL_WEIGHTS_F16,      /* convert every linear layer to F16 at load */
 } dol_weight_format;
 
+/* Which backend runs the forward pass. */
+typedef enum {
+    DOL_BACKEND_AUTO = 0,     /* CUDA when built in and a device is usable, else CPU */
+    DOL_BACKEND_CPU,
+    DOL_BACKEND_CUDA,
+} dol_backend_kind;
+
 typedef struct {
+    dol_backend_kind backend;
+    double gpu_memory_fraction; /* CUDA: share of device memory Dolphin may
+                                   use for weights + KV cache + workspaces
+                                   (default 0.90) */
     int n_threads;            /* threads of the matmul pool (>= 1) */
     int kv_block_size;        /* tokens per KV block (default 16) */
     int64_t kv_cache_tokens;  /* pool capacity in tokens, rounded up to whole
@@ -52,6 +63,14 @@ typedef struct dol_engine dol_engine;
 int dol_engine_create(const dol_model *model, const dol_engine_params *p,
                       dol_engine **out, char *err, size_t errlen);
 void dol_engine_free(dol_engine *e);
+
+/* "cpu" or "cuda": the backend actually in use. */
+const char *dol_engine_backend_name(const dol_engine *e);
+/* Device memory of the backend in bytes (CUDA: cudaMemGetInfo; CPU: the KV
+ * pool, so readiness logic is testable without a GPU). 0 / -1. */
+int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total);
+/* True when the CUDA backend was compiled in. */
+bool dol_engine_cuda_built(void);
 
 /* Context length in tokens (positions 0..n-1). */
 int dol_engine_context_len(const dol_engine *e);

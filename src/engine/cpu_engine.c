@@ -1,11 +1,11 @@
-/* src/engine/cpu_engine.c — the CPU backend of include/dolphin/engine.h: the
- * Llama forward pass over a batch of sequences with a paged KV cache, in
+/* src/engine/cpu_engine.c — the CPU backend (backend.h): the Llama forward
+ * pass over a batch of sequences with a paged KV cache, in
  * float32 arithmetic. It is the reference the other backends are tested
  * against, so it is written to be read top to bottom: embedding, then per
  * layer RMSNorm -> Q/K/V -> RoPE -> KV-cache write -> attention -> output
  * projection + residual -> RMSNorm -> SwiGLU MLP + residual, then the final
  * norm and the logits of the rows that asked for them. */
-#include "dolphin/engine.h"
+#include "engine/backend.h"
 
 #include <errno.h>
 #include <math.h>
@@ -23,7 +23,7 @@ typedef struct {
     dol_tensor q, k, v, o, gate, up, down; /* as the matmul reads them */
 } layer_w;
 
-struct dol_engine {
+typedef struct {
     const dol_model *model;
     dol_model_config c;
     int q_dim, kv_dim, ctx;
@@ -38,8 +38,9 @@ struct dol_engine {
     size_t weight_bytes;
 
     /* paged KV cache: block b, layer l, K (0) or V (1), row r of the block
-     * starts at kv + b*block_floats + ((l*2 + kv)*block_size + r)*kv_dim */
-    dol_kv_blocks kv;
+     * starts at kv_pool + b*block_floats + ((l*2 + kv)*block_size + r)*kv_dim */
+    int block_size, n_blocks;
+    const dol_kv_blocks *kv;  /* the engine's block tables, during forward */
     float *kv_pool;
     size_t block_floats;
 
@@ -50,12 +51,12 @@ struct dol_engine {
     int max_T;
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits_ws;
     float *scores;            /* [n_threads][ctx] */
-    int32_t *tok_id, *tok_seq, *tok_pos;
-};
+    const int32_t *tok_id, *tok_seq, *tok_pos;
+} cpu_engine;
 
 /* ---- weights ------------------------------------------------------------- */
 
-static void *own(dol_engine *e, size_t bytes)
+static void *own(cpu_engine *e, size_t bytes)
 {
     if (e->n_owned == e->cap_owned) {
         int cap = e->cap_owned ? e->cap_owned * 2 : 64;
@@ -70,7 +71,7 @@ static void *own(dol_engine *e, size_t bytes)
     return p;
 }
 
-static float *norm_f32(dol_engine *e, const dol_tensor *t)
+static float *norm_f32(cpu_engine *e, const dol_tensor *t)
 {
     float *p = own(e, sizeof(float) * (size_t)t->cols);
     if (p) dol_cpu_to_f32(p, t->data, t->dtype, t->cols);
@@ -79,7 +80,7 @@ static float *norm_f32(dol_engine *e, const dol_tensor *t)
 
 /* A linear layer in the format the matmul reads: F32 or F16, converted from
  * the checkpoint only when needed (otherwise the mapped bytes are used). */
-static int prep_linear(dol_engine *e, dol_weight_format fmt, const dol_tensor *src,
+static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *src,
                        dol_tensor *dst)
 {
     dol_dtype want;
@@ -117,22 +118,22 @@ static void *xcalloc(size_t n, size_t sz, int *fail)
     return p;
 }
 
-int dol_engine_create(const dol_model *model, const dol_engine_params *p,
-                      dol_engine **out, char *err, size_t errlen)
+static void cpu_destroy(void *impl);
+
+static int cpu_create(const dol_model *model, const dol_engine_params *p, int ctx,
+                      int bs, int *n_blocks, void **out, char *err, size_t errlen)
 {
-    dol_engine *e = calloc(1, sizeof *e);
+    cpu_engine *e = calloc(1, sizeof *e);
     if (!e) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
     e->model = model;
     e->c = model->cfg;
     const dol_model_config *c = &e->c;
     e->q_dim = c->n_heads * c->head_dim;
     e->kv_dim = c->n_kv_heads * c->head_dim;
-    e->ctx = p->context_len > 0 && p->context_len < c->max_position_embeddings
-                 ? p->context_len : c->max_position_embeddings;
+    e->ctx = ctx;
+    e->block_size = bs;
     int threads = p->n_threads > 0 ? p->n_threads : 1;
-    int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
-    int bs = p->kv_block_size > 0 ? p->kv_block_size : 16;
-    e->max_T = p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048;
+    e->max_T = p->max_batch_tokens;
 
     e->pool = dol_pool_new(threads);
     if (!e->pool) { dol_set_err(err, errlen, "engine: cannot start %d threads", threads); goto fail; }
@@ -157,36 +158,32 @@ int dol_engine_create(const dol_model *model, const dol_engine_params *p,
     e->embed = model->embed; /* read row by row in its own dtype */
     e->weight_bytes += (size_t)(model->embed.rows * model->embed.cols) * dol_dtype_size(model->embed.dtype);
 
-    /* KV cache */
+    /* KV pool: as asked, else enough for max_seqs full contexts capped at 1 GiB */
     size_t per_token = (size_t)c->n_layers * 2 * e->kv_dim * sizeof(float);
-    int64_t tokens = p->kv_cache_tokens;
-    if (tokens <= 0 && p->kv_cache_bytes > 0) tokens = p->kv_cache_bytes / (int64_t)per_token;
-    if (tokens <= 0) {
-        tokens = (int64_t)max_seqs * e->ctx;
+    int64_t blocks = *n_blocks;
+    if (blocks <= 0) {
+        int64_t tokens = (int64_t)p->max_seqs * ctx;
         int64_t cap = ((int64_t)1 << 30) / (int64_t)per_token;
         if (tokens > cap) tokens = cap;
-    }
-    int64_t n_blocks = (tokens + bs - 1) / bs;
-    if (n_blocks < 1 || n_blocks > INT32_MAX / 2) {
-        dol_set_err(err, errlen, "kv_cache: %lld tokens is not a usable pool size", (long long)tokens);
-        goto fail;
+        blocks = (tokens + bs - 1) / bs;
+        if (blocks < 1) blocks = 1;
     }
     e->block_floats = (size_t)c->n_layers * 2 * (size_t)bs * e->kv_dim;
-    size_t kv_bytes = (size_t)n_blocks * e->block_floats * sizeof(float);
+    size_t kv_bytes = (size_t)blocks * e->block_floats * sizeof(float);
     if (posix_memalign((void **)&e->kv_pool, 64, kv_bytes) != 0) {
         dol_set_err(err, errlen, "kv_cache: cannot allocate %zu bytes for %lld blocks of %d tokens",
-                    kv_bytes, (long long)n_blocks, bs);
+                    kv_bytes, (long long)blocks, bs);
         e->kv_pool = NULL;
         goto fail;
     }
-    if (dol_kv_blocks_init(&e->kv, (int)n_blocks, bs, max_seqs) != 0) goto oom;
+    e->n_blocks = (int)blocks;
 
     /* RoPE tables, angles in double: theta^(-2i/head_dim) * pos */
     int half = c->head_dim / 2;
-    e->rope_cos = malloc(sizeof(float) * (size_t)e->ctx * half);
-    e->rope_sin = malloc(sizeof(float) * (size_t)e->ctx * half);
+    e->rope_cos = malloc(sizeof(float) * (size_t)ctx * half);
+    e->rope_sin = malloc(sizeof(float) * (size_t)ctx * half);
     if (!e->rope_cos || !e->rope_sin) goto oom;
-    for (int pos = 0; pos < e->ctx; pos++)
+    for (int pos = 0; pos < ctx; pos++)
         for (int i = 0; i < half; i++) {
             double inv = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
             double a = pos * inv;
@@ -207,85 +204,68 @@ int dol_engine_create(const dol_model *model, const dol_engine_params *p,
     e->hb = xcalloc(T * wide, sizeof(float), &fail);
     e->hb2 = xcalloc(T * wide, sizeof(float), &fail);
     e->logits_ws = xcalloc((size_t)LOGIT_ROWS_CHUNK * c->vocab_size, sizeof(float), &fail);
-    e->scores = xcalloc((size_t)threads * e->ctx, sizeof(float), &fail);
-    e->tok_id = xcalloc(T, sizeof(int32_t), &fail);
-    e->tok_seq = xcalloc(T, sizeof(int32_t), &fail);
-    e->tok_pos = xcalloc(T, sizeof(int32_t), &fail);
+    e->scores = xcalloc((size_t)threads * ctx, sizeof(float), &fail);
     if (fail) goto oom;
+    *n_blocks = e->n_blocks;
     *out = e;
     return 0;
 oom:
     dol_set_err(err, errlen, "engine: out of memory while preparing weights and workspaces");
 fail:
-    dol_engine_free(e);
+    cpu_destroy(e);
     return -1;
 }
 
-void dol_engine_free(dol_engine *e)
+static void cpu_destroy(void *impl)
 {
+    cpu_engine *e = impl;
     if (!e) return;
     dol_pool_free(e->pool);
     for (int i = 0; i < e->n_owned; i++) free(e->owned[i]);
     free(e->owned);
     free(e->L);
-    dol_kv_blocks_destroy(&e->kv);
     free(e->kv_pool);
     free(e->rope_cos);
     free(e->rope_sin);
     free(e->x); free(e->xb); free(e->q); free(e->k); free(e->v); free(e->att);
     free(e->hb); free(e->hb2); free(e->logits_ws); free(e->scores);
-    free(e->tok_id); free(e->tok_seq); free(e->tok_pos);
     free(e);
 }
 
-/* ---- small accessors ----------------------------------------------------- */
-
-int dol_engine_context_len(const dol_engine *e) { return e->ctx; }
-int dol_engine_vocab_size(const dol_engine *e) { return e->c.vocab_size; }
-int dol_engine_seq_new(dol_engine *e) { return dol_kv_seq_new(&e->kv); }
-void dol_engine_seq_free(dol_engine *e, int seq) { dol_kv_seq_free(&e->kv, seq); }
-int dol_engine_seq_reserve(dol_engine *e, int seq, int n)
+static size_t cpu_kv_bytes_per_token(void *impl)
 {
-    if (n > e->ctx) return -1;
-    return dol_kv_seq_reserve(&e->kv, seq, n);
-}
-int dol_engine_blocks_for(const dol_engine *e, int n)
-{
-    return (n + e->kv.block_size - 1) / e->kv.block_size;
-}
-int dol_engine_kv_blocks_total(const dol_engine *e) { return e->kv.n_blocks; }
-int dol_engine_kv_blocks_free(const dol_engine *e) { return e->kv.n_free; }
-int dol_engine_kv_block_size(const dol_engine *e) { return e->kv.block_size; }
-size_t dol_engine_kv_bytes_per_token(const dol_engine *e)
-{
+    cpu_engine *e = impl;
     return (size_t)e->c.n_layers * 2 * e->kv_dim * sizeof(float);
 }
-size_t dol_engine_weight_bytes(const dol_engine *e) { return e->weight_bytes; }
 
-static float *kv_row(const dol_engine *e, int32_t block, int layer, int which, int row)
+static size_t cpu_weight_bytes(void *impl) { return ((cpu_engine *)impl)->weight_bytes; }
+
+/* The CPU has no device memory: the engine reports the KV pool instead. */
+static int cpu_memory_info(void *impl, size_t *used, size_t *total)
 {
-    return e->kv_pool + (size_t)block * e->block_floats +
-           ((size_t)(layer * 2 + which) * e->kv.block_size + row) * e->kv_dim;
+    (void)impl; (void)used; (void)total;
+    return -1;
 }
 
-int dol_engine_seq_fork(dol_engine *e, int src, int n_tokens)
+static float *kv_row(const cpu_engine *e, int32_t block, int layer, int which, int row)
 {
-    int32_t cs, cd;
-    int id = dol_kv_seq_fork(&e->kv, src, n_tokens, &cs, &cd);
-    if (id >= 0 && cs >= 0) {
-        int rows = n_tokens % e->kv.block_size;
-        for (int l = 0; l < e->c.n_layers; l++)
-            for (int w = 0; w < 2; w++)
-                memcpy(kv_row(e, cd, l, w, 0), kv_row(e, cs, l, w, 0),
-                       sizeof(float) * (size_t)rows * e->kv_dim);
-    }
-    return id;
+    return e->kv_pool + (size_t)block * e->block_floats +
+           ((size_t)(layer * 2 + which) * e->block_size + row) * e->kv_dim;
+}
+
+static void cpu_copy_block(void *impl, int32_t src, int32_t dst, int rows)
+{
+    cpu_engine *e = impl;
+    for (int l = 0; l < e->c.n_layers; l++)
+        for (int w = 0; w < 2; w++)
+            memcpy(kv_row(e, dst, l, w, 0), kv_row(e, src, l, w, 0),
+                   sizeof(float) * (size_t)rows * e->kv_dim);
 }
 
 /* ---- attention ----------------------------------------------------------- */
 
 typedef struct {
-    dol_engine *e;
+    cpu_engine *e;
     int layer;
 } attn_job;
 
@@ -296,13 +276,13 @@ typedef struct {
 static void attn_task(void *ctx, int task, int worker)
 {
     attn_job *j = ctx;
-    dol_engine *e = j->e;
+    cpu_engine *e = j->e;
     const dol_model_config *c = &e->c;
     int t = task / c->n_heads, h = task % c->n_heads;
-    int hd = c->head_dim, bs = e->kv.block_size;
+    int hd = c->head_dim, bs = e->block_size;
     int kvh = h / (c->n_heads / c->n_kv_heads);
     int pos = e->tok_pos[t];
-    const dol_kv_seq *s = &e->kv.seqs[e->tok_seq[t]];
+    const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
     const float *q = e->q + (size_t)t * e->q_dim + (size_t)h * hd;
     float *sc = e->scores + (size_t)worker * e->ctx;
     float scale = 1.0f / sqrtf((float)hd);
@@ -331,48 +311,20 @@ static void attn_task(void *ctx, int task, int worker)
 
 /* ---- the forward pass ---------------------------------------------------- */
 
-int dol_engine_forward(dol_engine *e, dol_batch_item *items, int n_items,
-                       char *err, size_t errlen)
+static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t errlen)
 {
+    cpu_engine *e = impl;
     const dol_model_config *c = &e->c;
     const int d = c->hidden_size, f = c->intermediate_size;
     const int half = c->head_dim / 2;
-
-    /* Flatten the items into T token rows (no padding). */
-    int T = 0;
-    for (int i = 0; i < n_items; i++) {
-        dol_batch_item *it = &items[i];
-        if (!dol_kv_seq_live(&e->kv, it->seq)) {
-            dol_set_err(err, errlen, "forward: sequence %d is not live", it->seq);
-            return -1;
-        }
-        if (it->n_tokens < 1 || it->start_pos < 0 ||
-            it->start_pos + it->n_tokens > e->kv.seqs[it->seq].n_tokens) {
-            dol_set_err(err, errlen, "forward: sequence %d: positions %d..%d not reserved",
-                        it->seq, it->start_pos, it->start_pos + it->n_tokens - 1);
-            return -1;
-        }
-        if (it->n_logits < 0 || it->n_logits > it->n_tokens || (it->n_logits && !it->logits)) {
-            dol_set_err(err, errlen, "forward: sequence %d: bad logits request", it->seq);
-            return -1;
-        }
-        if (T + it->n_tokens > e->max_T) {
-            dol_set_err(err, errlen, "forward: more than %d tokens in one call", e->max_T);
-            return -1;
-        }
-        for (int k = 0; k < it->n_tokens; k++) {
-            int32_t id = it->tokens[k];
-            if (id < 0 || id >= c->vocab_size) {
-                dol_set_err(err, errlen, "forward: token id %d out of range", id);
-                return -1;
-            }
-            e->tok_id[T] = id;
-            e->tok_seq[T] = it->seq;
-            e->tok_pos[T] = it->start_pos + k;
-            T++;
-        }
-    }
-    if (T == 0) return 0;
+    const int T = a->T;
+    const dol_batch_item *items = a->items;
+    const int n_items = a->n_items;
+    (void)err; (void)errlen;
+    e->kv = a->kv;
+    e->tok_id = a->tok_id;
+    e->tok_seq = a->tok_seq;
+    e->tok_pos = a->tok_pos;
 
     /* Embedding */
     for (int t = 0; t < T; t++) dol_cpu_embed_row(e->x + (size_t)t * d, &e->embed, e->tok_id[t]);
@@ -393,9 +345,9 @@ int dol_engine_forward(dol_engine *e, dol_batch_item *items, int n_items,
             const float *cr = e->rope_cos + (size_t)pos * half, *sr = e->rope_sin + (size_t)pos * half;
             dol_cpu_rope(e->q + (size_t)t * e->q_dim, c->n_heads, c->head_dim, cr, sr);
             dol_cpu_rope(e->k + (size_t)t * e->kv_dim, c->n_kv_heads, c->head_dim, cr, sr);
-            const dol_kv_seq *s = &e->kv.seqs[e->tok_seq[t]];
-            int32_t blk = s->table[pos / e->kv.block_size];
-            int row = pos % e->kv.block_size;
+            const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
+            int32_t blk = s->table[pos / e->block_size];
+            int row = pos % e->block_size;
             memcpy(kv_row(e, blk, l, 0, row), e->k + (size_t)t * e->kv_dim, sizeof(float) * e->kv_dim);
             memcpy(kv_row(e, blk, l, 1, row), e->v + (size_t)t * e->kv_dim, sizeof(float) * e->kv_dim);
         }
@@ -422,7 +374,7 @@ int dol_engine_forward(dol_engine *e, dol_batch_item *items, int n_items,
      * items go through lm_head together, LOGIT_ROWS_CHUNK at a time. */
     int rows = 0, t0 = 0;
     for (int i = 0; i < n_items; i++) {
-        dol_batch_item *it = &items[i];
+        const dol_batch_item *it = &items[i];
         for (int k = it->n_tokens - it->n_logits; k < it->n_tokens; k++)
             dol_cpu_rmsnorm(e->xb + (size_t)rows++ * d, e->x + (size_t)(t0 + k) * d,
                             e->final_norm, d, c->rms_norm_eps);
@@ -442,3 +394,14 @@ int dol_engine_forward(dol_engine *e, dol_batch_item *items, int n_items,
     }
     return 0;
 }
+
+const dol_backend_ops dol_cpu_backend = {
+    .name = "cpu",
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .forward = cpu_forward,
+    .copy_block = cpu_copy_block,
+    .weight_bytes = cpu_weight_bytes,
+    .kv_bytes_per_token = cpu_kv_bytes_per_token,
+    .memory_info = cpu_memory_info,
+};

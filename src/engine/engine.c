@@ -1,0 +1,182 @@
+/* src/engine/engine.c — the backend-independent part of the engine
+ * (include/dolphin/engine.h): picking the backend, sizing the KV pool,
+ * sequences and block tables (kv_blocks.c), and the validation and
+ * flattening of every forward call before the backend runs it. */
+#include "dolphin/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+
+struct dol_engine {
+    const dol_backend_ops *ops;
+    void *impl;
+    int ctx, vocab, max_T;
+    dol_kv_blocks kv;
+    int32_t *tok_id, *tok_seq, *tok_pos;
+};
+
+bool dol_engine_cuda_built(void)
+{
+#ifdef DOLPHIN_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+int dol_engine_create(const dol_model *model, const dol_engine_params *p,
+                      dol_engine **out, char *err, size_t errlen)
+{
+    const dol_backend_ops *ops = &dol_cpu_backend;
+    if (p->backend == DOL_BACKEND_CUDA || p->backend == DOL_BACKEND_AUTO) {
+#ifdef DOLPHIN_HAVE_CUDA
+        if (dol_cuda_device_usable()) ops = &dol_cuda_backend;
+        else if (p->backend == DOL_BACKEND_CUDA) {
+            dol_set_err(err, errlen, "backend: cuda requested but no usable CUDA device was found");
+            return -1;
+        }
+#else
+        if (p->backend == DOL_BACKEND_CUDA) {
+            dol_set_err(err, errlen, "backend: cuda requested but this dolphind was built without CUDA");
+            return -1;
+        }
+#endif
+    }
+    dol_engine *e = calloc(1, sizeof *e);
+    if (!e) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
+    e->ops = ops;
+    const dol_model_config *c = &model->cfg;
+    e->ctx = p->context_len > 0 && p->context_len < c->max_position_embeddings
+                 ? p->context_len : c->max_position_embeddings;
+    e->vocab = c->vocab_size;
+    e->max_T = p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048;
+    int bs = p->kv_block_size > 0 ? p->kv_block_size : 16;
+    int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
+
+    /* KV pool size wanted, in blocks (0 = the backend decides) */
+    size_t per_token = (size_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * sizeof(float);
+    int64_t tokens = p->kv_cache_tokens;
+    if (tokens <= 0 && p->kv_cache_bytes > 0) tokens = p->kv_cache_bytes / (int64_t)per_token;
+    int64_t want = tokens > 0 ? (tokens + bs - 1) / bs : 0;
+    if (want > INT32_MAX / 2) {
+        dol_set_err(err, errlen, "kv_cache: %lld tokens is not a usable pool size", (long long)tokens);
+        free(e);
+        return -1;
+    }
+    int n_blocks = (int)want;
+    dol_engine_params bp = *p;
+    bp.max_seqs = max_seqs;
+    bp.max_batch_tokens = e->max_T;
+    if (ops->create(model, &bp, e->ctx, bs, &n_blocks, &e->impl, err, errlen) != 0) {
+        free(e);
+        return -1;
+    }
+    e->tok_id = malloc(sizeof(int32_t) * (size_t)e->max_T);
+    e->tok_seq = malloc(sizeof(int32_t) * (size_t)e->max_T);
+    e->tok_pos = malloc(sizeof(int32_t) * (size_t)e->max_T);
+    if (!e->tok_id || !e->tok_seq || !e->tok_pos ||
+        dol_kv_blocks_init(&e->kv, n_blocks, bs, max_seqs) != 0) {
+        dol_set_err(err, errlen, "engine: out of memory");
+        dol_engine_free(e);
+        return -1;
+    }
+    *out = e;
+    return 0;
+}
+
+void dol_engine_free(dol_engine *e)
+{
+    if (!e) return;
+    if (e->impl) e->ops->destroy(e->impl);
+    dol_kv_blocks_destroy(&e->kv);
+    free(e->tok_id);
+    free(e->tok_seq);
+    free(e->tok_pos);
+    free(e);
+}
+
+const char *dol_engine_backend_name(const dol_engine *e) { return e->ops->name; }
+int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total)
+{
+    if (e->ops->memory_info(e->impl, used, total) == 0) return 0;
+    /* no device memory (CPU): the KV pool stands in, so that the readiness
+     * logic that watches memory is exercised on every machine */
+    size_t per_block = e->ops->kv_bytes_per_token(e->impl) * (size_t)e->kv.block_size;
+    *total = per_block * (size_t)e->kv.n_blocks;
+    *used = per_block * (size_t)(e->kv.n_blocks - e->kv.n_free);
+    return 0;
+}
+int dol_engine_context_len(const dol_engine *e) { return e->ctx; }
+int dol_engine_vocab_size(const dol_engine *e) { return e->vocab; }
+int dol_engine_seq_new(dol_engine *e) { return dol_kv_seq_new(&e->kv); }
+void dol_engine_seq_free(dol_engine *e, int seq) { dol_kv_seq_free(&e->kv, seq); }
+int dol_engine_seq_reserve(dol_engine *e, int seq, int n)
+{
+    if (n > e->ctx) return -1;
+    return dol_kv_seq_reserve(&e->kv, seq, n);
+}
+int dol_engine_blocks_for(const dol_engine *e, int n)
+{
+    return (n + e->kv.block_size - 1) / e->kv.block_size;
+}
+int dol_engine_kv_blocks_total(const dol_engine *e) { return e->kv.n_blocks; }
+int dol_engine_kv_blocks_free(const dol_engine *e) { return e->kv.n_free; }
+int dol_engine_kv_block_size(const dol_engine *e) { return e->kv.block_size; }
+size_t dol_engine_kv_bytes_per_token(const dol_engine *e) { return e->ops->kv_bytes_per_token(e->impl); }
+size_t dol_engine_weight_bytes(const dol_engine *e) { return e->ops->weight_bytes(e->impl); }
+
+int dol_engine_seq_fork(dol_engine *e, int src, int n_tokens)
+{
+    int32_t cs, cd;
+    int id = dol_kv_seq_fork(&e->kv, src, n_tokens, &cs, &cd);
+    if (id >= 0 && cs >= 0) e->ops->copy_block(e->impl, cs, cd, n_tokens % e->kv.block_size);
+    return id;
+}
+
+int dol_engine_forward(dol_engine *e, dol_batch_item *items, int n_items,
+                       char *err, size_t errlen)
+{
+    int T = 0;
+    for (int i = 0; i < n_items; i++) {
+        dol_batch_item *it = &items[i];
+        if (!dol_kv_seq_live(&e->kv, it->seq)) {
+            dol_set_err(err, errlen, "forward: sequence %d is not live", it->seq);
+            return -1;
+        }
+        for (int j = 0; j < i; j++)
+            if (items[j].seq == it->seq) {
+                dol_set_err(err, errlen, "forward: sequence %d appears twice in one call", it->seq);
+                return -1;
+            }
+        if (it->n_tokens < 1 || it->start_pos < 0 ||
+            it->start_pos + it->n_tokens > e->kv.seqs[it->seq].n_tokens) {
+            dol_set_err(err, errlen, "forward: sequence %d: positions %d..%d not reserved",
+                        it->seq, it->start_pos, it->start_pos + it->n_tokens - 1);
+            return -1;
+        }
+        if (it->n_logits < 0 || it->n_logits > it->n_tokens || (it->n_logits && !it->logits)) {
+            dol_set_err(err, errlen, "forward: sequence %d: bad logits request", it->seq);
+            return -1;
+        }
+        if (T + it->n_tokens > e->max_T) {
+            dol_set_err(err, errlen, "forward: more than %d tokens in one call", e->max_T);
+            return -1;
+        }
+        for (int k = 0; k < it->n_tokens; k++) {
+            int32_t id = it->tokens[k];
+            if (id < 0 || id >= e->vocab) {
+                dol_set_err(err, errlen, "forward: token id %d out of range", id);
+                return -1;
+            }
+            e->tok_id[T] = id;
+            e->tok_seq[T] = it->seq;
+            e->tok_pos[T] = it->start_pos + k;
+            T++;
+        }
+    }
+    if (T == 0) return 0;
+    dol_forward_args a = { items, n_items, T, e->tok_id, e->tok_seq, e->tok_pos, &e->kv };
+    return e->ops->forward(e->impl, &a, err, errlen);
+}
