@@ -442,7 +442,16 @@ static void run_step(dol_scheduler *s)
     int n_items = 0, budget = s->p.prefill_chunk;
     int *owner = malloc(sizeof(int) * (size_t)(s->n_seqs ? s->n_seqs : 1));
     if (!owner) return;
-    for (int pass = 0; pass < 2; pass++) {
+    /* Static mode behaves as if prompts were padded to the longest one: no
+     * member starts decoding before every member's prompt is in. (The
+     * padding itself is never computed: the engine needs none.) */
+    bool hold_decodes = false;
+    if (s->p.mode == DOL_BATCH_STATIC)
+        for (int i = 0; i < s->n_seqs; i++)
+            if (!s->seqs[i].finished && s->seqs[i].n_past < s->seqs[i].r->n_prompt &&
+                !s->seqs[i].waiting_fork)
+                hold_decodes = true;
+    for (int pass = hold_decodes ? 1 : 0; pass < 2; pass++) {
         for (int i = 0; i < s->n_seqs; i++) {
             seq_t *q = &s->seqs[i];
             if (q->finished || q->waiting_fork) continue;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# scripts/test.sh — the whole test suite on a fresh machine: install
+# dependencies, build (Release, plus an ASan/UBSan build), run the unit tests
+# (ctest), the HTTP tests against a live dolphind (pytest), and the Node
+# `openai` client tests when present. Fixtures come from $DOLPHIN_SHARED
+# (default ../shared). Exits non-zero when anything fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DOLPHIN_SHARED="${DOLPHIN_SHARED:-$(cd .. && pwd)/shared}"
+
+bash scripts/setup.sh
+
+echo "== build (Release)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"
+
+echo "== build (ASan + UBSan)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDOLPHIN_SANITIZE=ON -DDOLPHIN_CUDA=OFF >/dev/null
+cmake --build build-asan -j"$(nproc)"
+
+echo "== unit tests (ctest, ASan + UBSan)"
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -LE cuda
+
+echo "== unit tests (ctest, Release)"
+ctest --test-dir build --output-on-failure -LE cuda
+
+echo "== HTTP tests (pytest against build-asan/dolphind)"
+DOLPHIN_BIN="$PWD/build-asan/dolphind" /usr/bin/python3 -m pytest tests/http -q -p no:cacheprovider
+
+if [ -f tests/node/package.json ]; then
+  echo "== client tests (Node openai package)"
+  DOLPHIN_BIN="$PWD/build/dolphind" node --test tests/node/
+fi
+echo "== all tests passed"
