@@ -110,11 +110,9 @@ int main(int argc, char **argv)
     ep.context_len = cfg.context_len;
     if (strcmp(cfg.weights, "f32") == 0) ep.weights = DOL_WEIGHTS_F32;
     else if (strcmp(cfg.weights, "f16") == 0) ep.weights = DOL_WEIGHTS_F16;
-    else if (strcmp(cfg.weights, "auto") == 0) ep.weights = DOL_WEIGHTS_AUTO;
-    else {
-        snprintf(err, sizeof err, "weights: %s is not supported by the CPU backend yet", cfg.weights);
-        return fail(2, err);
-    }
+    else if (strcmp(cfg.weights, "nf4") == 0) ep.weights = DOL_WEIGHTS_NF4;
+    else ep.weights = DOL_WEIGHTS_AUTO;
+    ep.quantize_lm_head = cfg.quantize_lm_head;
     ep.backend = strcmp(cfg.backend, "cuda") == 0  ? DOL_BACKEND_CUDA
                  : strcmp(cfg.backend, "cpu") == 0 ? DOL_BACKEND_CPU
                                                    : DOL_BACKEND_AUTO;
@@ -151,6 +149,16 @@ int main(int argc, char **argv)
             model->cfg.n_kv_heads, model->cfg.vocab_size, dol_engine_context_len(engine),
             dol_engine_weight_bytes(engine), dol_engine_kv_blocks_total(engine),
             dol_engine_kv_block_size(engine), threads, dol_now_ms() - t0);
+    dol_quant_stats qs;
+    dol_engine_quant_stats(engine, &qs);
+    if (qs.n_quantized > 0)
+        dol_log(DOL_LOG_INFO, "weights_quantized",
+                "format=%s matrices=%d seconds=%.3f bytes_before=%zu bytes_after=%zu "
+                "linear_bytes=%zu linear_f16_bytes=%zu ratio_vs_f16=%.3f lm_head=%s",
+                cfg.weights, qs.n_quantized, qs.quant_seconds, qs.quant_bytes_before,
+                qs.quant_bytes_after, qs.linear_bytes, qs.linear_f16_bytes,
+                qs.linear_f16_bytes ? (double)qs.linear_bytes / (double)qs.linear_f16_bytes : 0.0,
+                cfg.quantize_lm_head ? "nf4" : "kept");
 
     dol_server_set_state(srv, DOL_STATE_WARMING);
     if (cfg.warmup && warm_up(sched, model, err, sizeof err) != 0) {
@@ -173,6 +181,7 @@ int main(int argc, char **argv)
     double deadline = dol_now_ms() + cfg.drain_timeout_s * 1000.0;
     while (dol_server_inflight(srv) > 0 && dol_now_ms() < deadline) usleep(10000);
     int left = dol_server_inflight(srv);
+    dol_server_attach(srv, model, tok, NULL); /* /healthz must not see a freed scheduler */
     dol_scheduler_free(sched);   /* ends whatever is left with 503 */
     usleep(50000);               /* let the HTTP thread flush those answers */
     dol_server_stop(srv);

@@ -13,7 +13,8 @@
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_engine MODEL_DIR [--threads N] [--prompt N] [--decode N]\n"
-                    "                    [--batches 1,4,8] [--weights auto|f32|f16]\n");
+                    "                    [--batches 1,4,8] [--weights auto|f32|f16|nf4]\n"
+                    "                    [--backend auto|cpu|cuda]\n");
     return 2;
 }
 
@@ -24,6 +25,7 @@ int main(int argc, char **argv)
     int threads = (int)sysconf(_SC_NPROCESSORS_ONLN), prompt = 128, decode = 32;
     char batches[128] = "1,8";
     dol_weight_format wf = DOL_WEIGHTS_AUTO;
+    dol_backend_kind backend = DOL_BACKEND_AUTO;
     for (int i = 2; i < argc; i++) {
         if (i + 1 >= argc) return usage();
         if (!strcmp(argv[i], "--threads")) threads = atoi(argv[++i]);
@@ -32,7 +34,16 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--batches")) snprintf(batches, sizeof batches, "%s", argv[++i]);
         else if (!strcmp(argv[i], "--weights")) {
             const char *w = argv[++i];
-            wf = !strcmp(w, "f32") ? DOL_WEIGHTS_F32 : !strcmp(w, "f16") ? DOL_WEIGHTS_F16 : DOL_WEIGHTS_AUTO;
+            wf = !strcmp(w, "f32")   ? DOL_WEIGHTS_F32
+                 : !strcmp(w, "f16") ? DOL_WEIGHTS_F16
+                 : !strcmp(w, "nf4") ? DOL_WEIGHTS_NF4
+                                     : DOL_WEIGHTS_AUTO;
+        } else if (!strcmp(argv[i], "--backend")) {
+            const char *b = argv[++i];
+            if (!strcmp(b, "cpu")) backend = DOL_BACKEND_CPU;
+            else if (!strcmp(b, "cuda")) backend = DOL_BACKEND_CUDA;
+            else if (!strcmp(b, "auto")) backend = DOL_BACKEND_AUTO;
+            else return usage();
         } else return usage();
     }
     char err[DOL_ERR_LEN];
@@ -41,10 +52,11 @@ int main(int argc, char **argv)
     if (dol_model_load(dir, &m, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
     int max_b = 1;
     for (char *p = batches; *p;) { int b = atoi(p); if (b > max_b) max_b = b; p = strchr(p, ','); if (!p) break; p++; }
-    dol_engine_params ep = { .n_threads = threads, .kv_block_size = 16,
+    dol_engine_params ep = { .backend = backend, .gpu_memory_fraction = 0.90,
+                             .n_threads = threads, .kv_block_size = 16,
                              .kv_cache_tokens = (int64_t)(max_b + 1) * (prompt + decode + 16),
                              .max_seqs = max_b + 1, .max_batch_tokens = prompt > max_b ? prompt : max_b,
-                             .weights = wf };
+                             .weights = wf, .quantize_lm_head = true };
     dol_engine *e = NULL;
     if (dol_engine_create(m, &ep, &e, err, sizeof err) != 0) { fprintf(stderr, "%s\n", err); return 1; }
     double t_ready = dol_now_ms() - t0;
@@ -60,6 +72,13 @@ int main(int argc, char **argv)
     printf("model %s: %d layers, hidden %d, vocab %d, weights %.1f MiB, threads %d, ready in %.0f ms\n",
            m->name, m->cfg.n_layers, m->cfg.hidden_size, V, dol_engine_weight_bytes(e) / 1048576.0,
            threads, t_ready);
+    printf("backend %s\n", dol_engine_backend_name(e));
+    dol_quant_stats qs;
+    dol_engine_quant_stats(e, &qs);
+    if (qs.n_quantized > 0)
+        printf("quantized %d matrices to nf4 in %.2f s: %.1f MiB -> %.1f MiB; linear layers %.3f x F16\n",
+               qs.n_quantized, qs.quant_seconds, qs.quant_bytes_before / 1048576.0,
+               qs.quant_bytes_after / 1048576.0, (double)qs.linear_bytes / (double)qs.linear_f16_bytes);
 
     /* prefill */
     int s = dol_engine_seq_new(e);

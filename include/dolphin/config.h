@@ -34,6 +34,7 @@ typedef struct {
     int threads;                 /* compute threads; 0 = all online cores */
     char backend[16];            /* auto | cpu | cuda (default auto) */
     char weights[16];            /* auto | f32 | f16 | nf4 (default auto) */
+    bool quantize_lm_head;       /* weights nf4: quantize lm_head too (default true) */
     int context_len;             /* 0 = max_position_embeddings */
     /* default sampling values, used when a request leaves them out */
     float temperature;           /* default 1.0 (OpenAI's) */

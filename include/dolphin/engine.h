@@ -23,11 +23,19 @@
 extern "C" {
 #endif
 
-/* How linear-layer weights are held in memory. */
+/* How linear-layer weights (q, k, v, o, gate, up, down, lm_head) are held
+ * in memory. The embedding and the norms always keep their precision. */
 typedef enum {
     DOL_WEIGHTS_AUTO = 0, /* keep the checkpoint's F32/F16; BF16 becomes F32 */
     DOL_WEIGHTS_F32,      /* convert every linear layer to F32 at load */
     DOL_WEIGHTS_F16,      /* convert every linear layer to F16 at load */
+    DOL_WEIGHTS_NF4,      /* quantize every linear layer to 4-bit NormalFloat at
+                             load (QLoRA's NF4: blocks of 64 weights along the
+                             input dimension, one F16 absmax scale per block,
+                             0.53125 bytes per weight; src/engine/nf4.h), on
+                             the engine's thread pool; lm_head only when
+                             quantize_lm_head. Products dequantize in registers
+                             and accumulate in F32. */
 } dol_weight_format;
 
 /* Which backend runs the forward pass. */
@@ -53,6 +61,10 @@ typedef struct {
     int context_len;          /* max positions per sequence; 0 = model's
                                  max_position_embeddings */
     dol_weight_format weights;
+    bool quantize_lm_head;    /* weights NF4: quantize lm_head too (true is the
+                                 usual choice; false keeps it as AUTO would:
+                                 the checkpoint's F32/F16, BF16 as F32). Other
+                                 formats ignore it. Note that {0} means false. */
 } dol_engine_params;
 
 typedef struct dol_engine dol_engine;
@@ -99,6 +111,22 @@ int dol_engine_kv_block_size(const dol_engine *e);
 size_t dol_engine_kv_bytes_per_token(const dol_engine *e);
 /* Resident bytes of weights as the engine holds them. */
 size_t dol_engine_weight_bytes(const dol_engine *e);
+
+/* The linear layers (q, k, v, o, gate, up, down of every layer, and lm_head)
+ * as the engine holds them, and what load-time quantization cost. */
+typedef struct {
+    int n_quantized;            /* matrices quantized at load (0 unless NF4) */
+    double quant_seconds;       /* wall time spent quantizing them */
+    size_t quant_bytes_before;  /* those matrices as stored in the checkpoint */
+    size_t quant_bytes_after;   /* the same matrices quantized (codes + scales) */
+    size_t linear_bytes;        /* every linear layer, resident, as held */
+    size_t linear_f16_bytes;    /* every linear layer at 2 bytes per weight:
+                                   linear_bytes / linear_f16_bytes is the
+                                   memory ratio against F16 */
+} dol_quant_stats;
+
+/* Fill *out for this engine (all zero for a backend that does not report). */
+void dol_engine_quant_stats(const dol_engine *e, dol_quant_stats *out);
 
 /* ---- the forward pass --------------------------------------------------- */
 

@@ -70,6 +70,8 @@ static const field FIELDS[] = {
       .def = "auto", .help = "compute backend; auto = CUDA when a device is usable" },
     { .name = "weights", .type = F_ENUM, AT(weights), .choices = "auto|f32|f16|nf4",
       .def = "auto", .help = "weight format; auto = f16 on CUDA, f32 on the CPU" },
+    { .name = "quantize_lm_head", .type = F_BOOL, AT(quantize_lm_head), .def = "true",
+      .help = "with weights nf4, quantize lm_head too (false keeps it in 16/32 bits)" },
     { .name = "context_len", .type = F_INT, AT(context_len), .min = 0, .max = NONE,
       .def = "0", .metavar = "N", .help = "context length; 0 = max_position_embeddings" },
     /* sampling */

@@ -31,6 +31,9 @@ typedef struct {
     /* Copy the first `rows` rows of every layer's K and V from block src to dst. */
     void (*copy_block)(void *impl, int32_t src, int32_t dst, int rows);
     size_t (*weight_bytes)(void *impl);
+    /* Linear-layer sizes and load-time quantization figures; may be NULL
+     * (dol_engine_quant_stats then reports zeros). */
+    void (*quant_stats)(void *impl, dol_quant_stats *out);
     size_t (*kv_bytes_per_token)(void *impl);
     int (*memory_info)(void *impl, size_t *used, size_t *total);
 } dol_backend_ops;

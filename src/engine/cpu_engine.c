@@ -9,18 +9,28 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/cpu_ops.h"
 #include "engine/kv_blocks.h"
+#include "engine/nf4.h"
 #include "engine/threadpool.h"
 
 #define LOGIT_ROWS_CHUNK 64
 
+/* A linear layer as the matmul reads it: an F32/F16 matrix (w), or, with
+ * weights nf4, 4-bit codes and F16 block scales (q; w keeps the shape). */
 typedef struct {
-    float *attn_norm, *ffn_norm;           /* f32 copies, [d] */
-    dol_tensor q, k, v, o, gate, up, down; /* as the matmul reads them */
+    dol_tensor w;
+    bool nf4;
+    dol_nf4_matrix q;
+} linear_w;
+
+typedef struct {
+    float *attn_norm, *ffn_norm;            /* f32 copies, [d] */
+    linear_w q, k, v, o, gate, up, down;
 } layer_w;
 
 typedef struct {
@@ -32,10 +42,12 @@ typedef struct {
     /* weights */
     layer_w *L;
     float *final_norm;
-    dol_tensor lm_head, embed;
+    linear_w lm_head;
+    dol_tensor embed;
     void **owned;             /* buffers converted at load */
     int n_owned, cap_owned;
     size_t weight_bytes;
+    dol_quant_stats qs;       /* linear layers: formats, sizes, quantization time */
 
     /* paged KV cache: block b, layer l, K (0) or V (1), row r of the block
      * starts at kv_pool + b*block_floats + ((l*2 + kv)*block_size + r)*kv_dim */
@@ -79,21 +91,43 @@ static float *norm_f32(cpu_engine *e, const dol_tensor *t)
 }
 
 /* A linear layer in the format the matmul reads: F32 or F16, converted from
- * the checkpoint only when needed (otherwise the mapped bytes are used). */
+ * the checkpoint only when needed (otherwise the mapped bytes are used), or
+ * NF4, quantized here on the engine's thread pool. `what` names the tensor
+ * in errors. Keeps the byte counts of dol_quant_stats. */
 static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *src,
-                       dol_tensor *dst)
+                       linear_w *dst, const char *what, char *err, size_t errlen)
 {
+    int64_t n = src->rows * src->cols;
+    dst->w = *src;
+    e->qs.linear_f16_bytes += (size_t)n * 2;
+    if (fmt == DOL_WEIGHTS_NF4) {
+        size_t codes = dol_nf4_codes_bytes(src->rows, src->cols);
+        size_t scales = dol_nf4_scales_bytes(src->rows, src->cols);
+        if (dol_nf4_check_cols(src->cols, what, err, errlen) != 0) return -1;
+        dst->nf4 = true;
+        dst->q.codes = own(e, codes);
+        dst->q.scales = own(e, scales);
+        if (!dst->q.codes || !dst->q.scales) goto oom;
+        double t0 = dol_now_ms();
+        if (dol_nf4_quantize(e->pool, src, &dst->q, what, err, errlen) != 0) return -1;
+        e->qs.quant_seconds += (dol_now_ms() - t0) / 1000.0;
+        e->qs.n_quantized++;
+        e->qs.quant_bytes_before += (size_t)n * dol_dtype_size(src->dtype);
+        e->qs.quant_bytes_after += codes + scales;
+        e->qs.linear_bytes += codes + scales;
+        e->weight_bytes += codes + scales;
+        return 0;
+    }
     dol_dtype want;
     if (fmt == DOL_WEIGHTS_F32) want = DOL_DTYPE_F32;
     else if (fmt == DOL_WEIGHTS_F16) want = DOL_DTYPE_F16;
     else want = src->dtype == DOL_DTYPE_BF16 ? DOL_DTYPE_F32 : src->dtype;
-    *dst = *src;
-    dst->dtype = want;
-    int64_t n = src->rows * src->cols;
+    dst->w.dtype = want;
+    e->qs.linear_bytes += (size_t)n * dol_dtype_size(want);
     e->weight_bytes += (size_t)n * dol_dtype_size(want);
     if (want == src->dtype) return 0;
     void *buf = own(e, (size_t)n * dol_dtype_size(want));
-    if (!buf) return -1;
+    if (!buf) goto oom;
     if (want == DOL_DTYPE_F32) {
         dol_cpu_to_f32(buf, src->data, src->dtype, n);
     } else { /* F16 from F32 or BF16 */
@@ -105,8 +139,18 @@ static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *s
             h[i] = dol_f32_to_f16(f);
         }
     }
-    dst->data = buf;
+    dst->w.data = buf;
     return 0;
+oom:
+    dol_set_err(err, errlen, "engine: out of memory while preparing %s", what);
+    return -1;
+}
+
+/* out[T][N] = x[T][K] W^T for a linear layer in whichever format it is held. */
+static void linear(cpu_engine *e, float *out, const float *x, int T, const linear_w *w)
+{
+    if (w->nf4) dol_cpu_matmul_nf4(e->pool, out, x, T, &w->q);
+    else dol_cpu_matmul(e->pool, out, x, T, (int)w->w.cols, w->w.data, w->w.dtype, (int)w->w.rows);
 }
 
 /* ---- create / free ------------------------------------------------------- */
@@ -138,7 +182,8 @@ static int cpu_create(const dol_model *model, const dol_engine_params *p, int ct
     e->pool = dol_pool_new(threads);
     if (!e->pool) { dol_set_err(err, errlen, "engine: cannot start %d threads", threads); goto fail; }
 
-    /* weights */
+    /* weights: norms as f32, linear layers as p->weights says (lm_head
+     * keeps the checkpoint's precision under nf4 unless quantize_lm_head) */
     e->L = calloc((size_t)c->n_layers, sizeof *e->L);
     if (!e->L) goto oom;
     for (int l = 0; l < c->n_layers; l++) {
@@ -146,15 +191,23 @@ static int cpu_create(const dol_model *model, const dol_engine_params *p, int ct
         layer_w *lw = &e->L[l];
         if (!(lw->attn_norm = norm_f32(e, &w->attn_norm))) goto oom;
         if (!(lw->ffn_norm = norm_f32(e, &w->ffn_norm))) goto oom;
-        if (prep_linear(e, p->weights, &w->q, &lw->q) || prep_linear(e, p->weights, &w->k, &lw->k) ||
-            prep_linear(e, p->weights, &w->v, &lw->v) || prep_linear(e, p->weights, &w->o, &lw->o) ||
-            prep_linear(e, p->weights, &w->gate, &lw->gate) ||
-            prep_linear(e, p->weights, &w->up, &lw->up) ||
-            prep_linear(e, p->weights, &w->down, &lw->down))
-            goto oom;
+        const struct { const dol_tensor *src; linear_w *dst; const char *name; } lin[] = {
+            { &w->q, &lw->q, "self_attn.q_proj" },  { &w->k, &lw->k, "self_attn.k_proj" },
+            { &w->v, &lw->v, "self_attn.v_proj" },  { &w->o, &lw->o, "self_attn.o_proj" },
+            { &w->gate, &lw->gate, "mlp.gate_proj" }, { &w->up, &lw->up, "mlp.up_proj" },
+            { &w->down, &lw->down, "mlp.down_proj" },
+        };
+        for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) {
+            char what[96];
+            snprintf(what, sizeof what, "model.layers.%d.%s.weight", l, lin[i].name);
+            if (prep_linear(e, p->weights, lin[i].src, lin[i].dst, what, err, errlen)) goto fail;
+        }
     }
     if (!(e->final_norm = norm_f32(e, &model->final_norm))) goto oom;
-    if (prep_linear(e, p->weights, &model->lm_head, &e->lm_head)) goto oom;
+    dol_weight_format head_fmt = p->weights;
+    if (head_fmt == DOL_WEIGHTS_NF4 && !p->quantize_lm_head) head_fmt = DOL_WEIGHTS_AUTO;
+    if (prep_linear(e, head_fmt, &model->lm_head, &e->lm_head, "lm_head.weight", err, errlen))
+        goto fail;
     e->embed = model->embed; /* read row by row in its own dtype */
     e->weight_bytes += (size_t)(model->embed.rows * model->embed.cols) * dol_dtype_size(model->embed.dtype);
 
@@ -239,6 +292,8 @@ static size_t cpu_kv_bytes_per_token(void *impl)
 }
 
 static size_t cpu_weight_bytes(void *impl) { return ((cpu_engine *)impl)->weight_bytes; }
+
+static void cpu_quant_stats(void *impl, dol_quant_stats *out) { *out = ((cpu_engine *)impl)->qs; }
 
 /* The CPU has no device memory: the engine reports the KV pool instead. */
 static int cpu_memory_info(void *impl, size_t *used, size_t *total)
@@ -335,9 +390,9 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
         /* Attention block: RMSNorm, Q/K/V projections */
         for (int t = 0; t < T; t++)
             dol_cpu_rmsnorm(e->xb + (size_t)t * d, e->x + (size_t)t * d, w->attn_norm, d, c->rms_norm_eps);
-        dol_cpu_matmul(e->pool, e->q, e->xb, T, d, w->q.data, w->q.dtype, e->q_dim);
-        dol_cpu_matmul(e->pool, e->k, e->xb, T, d, w->k.data, w->k.dtype, e->kv_dim);
-        dol_cpu_matmul(e->pool, e->v, e->xb, T, d, w->v.data, w->v.dtype, e->kv_dim);
+        linear(e, e->q, e->xb, T, &w->q);
+        linear(e, e->k, e->xb, T, &w->k);
+        linear(e, e->v, e->xb, T, &w->v);
 
         /* RoPE on q and k, then K/V into the sequence's blocks */
         for (int t = 0; t < T; t++) {
@@ -357,16 +412,16 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
         dol_pool_run(e->pool, attn_task, &aj, T * c->n_heads);
 
         /* Output projection and residual */
-        dol_cpu_matmul(e->pool, e->xb, e->att, T, e->q_dim, w->o.data, w->o.dtype, d);
+        linear(e, e->xb, e->att, T, &w->o);
         for (size_t i = 0; i < (size_t)T * d; i++) e->x[i] += e->xb[i];
 
         /* MLP block: RMSNorm, SwiGLU (Shazeer 2020), residual */
         for (int t = 0; t < T; t++)
             dol_cpu_rmsnorm(e->xb + (size_t)t * d, e->x + (size_t)t * d, w->ffn_norm, d, c->rms_norm_eps);
-        dol_cpu_matmul(e->pool, e->hb, e->xb, T, d, w->gate.data, w->gate.dtype, f);
-        dol_cpu_matmul(e->pool, e->hb2, e->xb, T, d, w->up.data, w->up.dtype, f);
+        linear(e, e->hb, e->xb, T, &w->gate);
+        linear(e, e->hb2, e->xb, T, &w->up);
         dol_cpu_silu_mul(e->hb, e->hb, e->hb2, T * f);
-        dol_cpu_matmul(e->pool, e->xb, e->hb, T, f, w->down.data, w->down.dtype, d);
+        linear(e, e->xb, e->hb, T, &w->down);
         for (size_t i = 0; i < (size_t)T * d; i++) e->x[i] += e->xb[i];
     }
 
@@ -383,8 +438,7 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
     int item = 0, item_row = 0;
     for (int r0 = 0; r0 < rows; r0 += LOGIT_ROWS_CHUNK) {
         int nr = rows - r0 < LOGIT_ROWS_CHUNK ? rows - r0 : LOGIT_ROWS_CHUNK;
-        dol_cpu_matmul(e->pool, e->logits_ws, e->xb + (size_t)r0 * d, nr, d,
-                       e->lm_head.data, e->lm_head.dtype, c->vocab_size);
+        linear(e, e->logits_ws, e->xb + (size_t)r0 * d, nr, &e->lm_head);
         for (int r = 0; r < nr; r++) {
             while (item_row >= items[item].n_logits) { item++; item_row = 0; }
             memcpy(items[item].logits + (size_t)item_row * c->vocab_size,
@@ -402,6 +456,7 @@ const dol_backend_ops dol_cpu_backend = {
     .forward = cpu_forward,
     .copy_block = cpu_copy_block,
     .weight_bytes = cpu_weight_bytes,
+    .quant_stats = cpu_quant_stats,
     .kv_bytes_per_token = cpu_kv_bytes_per_token,
     .memory_info = cpu_memory_info,
 };

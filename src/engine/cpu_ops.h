@@ -1,5 +1,5 @@
 /* src/engine/cpu_ops.h — the CPU reference kernels of the forward pass:
- * matrix products over F32/F16 weights, RMSNorm, RoPE, SiLU-gated product,
+ * matrix products over F32/F16/NF4 weights, RMSNorm, RoPE, SiLU-gated product,
  * embedding lookup. float32 arithmetic throughout. Each output element is
  * computed by the same instruction sequence whatever the batch size or the
  * thread split, so results are batch-invariant bit for bit. These are also
@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "dolphin/model.h"
+#include "engine/nf4.h"
 #include "engine/threadpool.h"
 
 /* out[t][n] = sum_k x[t][k] * W[n][k]  for t < T, n < N, k < K.
@@ -17,6 +18,17 @@
  * out: [T][N] f32 row-major (must not alias x). Parallel over N on pool. */
 void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
                     const void *W, dol_dtype wtype, int N);
+
+/* The same product over NF4 weights (nf4.h): W is N = W->rows rows of
+ * K = W->cols weights. The codes are dequantized in registers inside the dot
+ * product (a 16-entry table of levels x block scale, indexed by the 4-bit
+ * codes); no dequantized copy of W is made. Each output element's order is
+ * fixed: one DOL_SIMD-lane accumulator over the full 64-weight blocks in k
+ * order, a horizontal sum, then the short last block (when K % 64 != 0) in
+ * scalar k order; so results are batch-invariant bit for bit, like
+ * dol_cpu_matmul's. Parallel over N on pool. */
+void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
+                        const dol_nf4_matrix *W);
 
 /* Dot product of n floats x with n weights of dtype wtype; the exact
  * summation order used by dol_cpu_matmul. */

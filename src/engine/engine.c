@@ -126,6 +126,11 @@ int dol_engine_kv_blocks_free(const dol_engine *e) { return e->kv.n_free; }
 int dol_engine_kv_block_size(const dol_engine *e) { return e->kv.block_size; }
 size_t dol_engine_kv_bytes_per_token(const dol_engine *e) { return e->ops->kv_bytes_per_token(e->impl); }
 size_t dol_engine_weight_bytes(const dol_engine *e) { return e->ops->weight_bytes(e->impl); }
+void dol_engine_quant_stats(const dol_engine *e, dol_quant_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (e->ops->quant_stats) e->ops->quant_stats(e->impl, out);
+}
 
 int dol_engine_seq_fork(dol_engine *e, int src, int n_tokens)
 {

@@ -101,6 +101,23 @@ static int blocks_needed(const dol_scheduler *s, const dol_request *r)
     return one + (r->n - 1) * (one - shared);
 }
 
+/* Blocks promised to admitted requests but not taken from the pool yet:
+ * choices 1..n-1 reserve theirs only when they are forked, after choice 0's
+ * prefill, and nothing else may take those blocks in the meantime. */
+static int blocks_owed(const dol_scheduler *s)
+{
+    int owed = 0;
+    for (int i = 0; i < s->n_seqs; i++) {
+        const seq_t *q = &s->seqs[i];
+        if (!q->waiting_fork) continue;
+        const dol_request *r = q->r;
+        int total = r->n_prompt + r->max_tokens;
+        if (total > s->ctx) total = s->ctx;
+        owed += dol_engine_blocks_for(s->e, total) - r->n_prompt / dol_engine_kv_block_size(s->e);
+    }
+    return owed;
+}
+
 /* ---- submit / drain / stats (any thread) --------------------------------- */
 
 dol_submit_result dol_scheduler_submit(dol_scheduler *s, dol_request *r,
@@ -337,10 +354,11 @@ static int admit(dol_scheduler *s, dol_request *r)
     return 0;
 }
 
-static double kv_use(const dol_scheduler *s)
+/* Fraction of the KV pool in use or promised (blocks_owed). */
+static double kv_use(const dol_scheduler *s, int owed)
 {
     int total = dol_engine_kv_blocks_total(s->e);
-    return total ? 1.0 - (double)dol_engine_kv_blocks_free(s->e) / total : 0.0;
+    return total ? 1.0 - (double)(dol_engine_kv_blocks_free(s->e) - owed) / total : 0.0;
 }
 
 /* Move queued requests into the running batch. Caller holds s->mu. */
@@ -353,8 +371,9 @@ static void admit_from_queue(dol_scheduler *s)
         dol_request *r = s->queue[i];
         if (running + r->n > s->p.max_batch_size) break;
         /* Memory-aware admission: above the watermark, one sequence at a time. */
-        if (kv_use(s) >= s->p.memory_high_watermark && running > 0) break;
-        if (blocks_needed(s, r) > dol_engine_kv_blocks_free(s->e)) break; /* wait for room */
+        int owed = blocks_owed(s);
+        if (kv_use(s, owed) >= s->p.memory_high_watermark && running > 0) break;
+        if (blocks_needed(s, r) > dol_engine_kv_blocks_free(s->e) - owed) break; /* wait for room */
         if (admit(s, r) != 0) break;
         s->queue[i] = s->queue[--s->n_queue];
         running += r->n;
@@ -419,9 +438,16 @@ static void fork_choices(dol_scheduler *s, seq_t *first)
             dol_engine_seq_free(s->e, seq);
             seq = -1;
         }
-        if (seq < 0) { /* cannot happen with up-front reservation; fail safe */
+        if (seq < 0) { /* cannot happen (admission keeps the blocks owed to
+                          * forks free); fail safe: end this choice with an
+                          * error so that the request still completes */
             q->waiting_fork = false;
             q->finished = true;
+            pthread_mutex_lock(&r->mu);
+            r->choices[q->choice].finish = DOL_FINISH_ERROR;
+            pthread_mutex_unlock(&r->mu);
+            ((req_priv *)r->priv)->n_live--;   /* choice 0 is live: never 0 here */
+            dol_log(DOL_LOG_ERROR, "fork_failed", "request_id=%s choice=%d", r->id, q->choice);
             continue;
         }
         q->seq = seq;
@@ -550,10 +576,13 @@ static void run_step(dol_scheduler *s)
     free(refs);
 }
 
+static void update_stats(dol_scheduler *s);
+
 /* Cancelled, disconnected and timed-out requests, queued or running. */
 static void reap(dol_scheduler *s)
 {
     double now = dol_now_ms();
+    bool reaped = false;
     /* queued */
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < s->n_queue;) {
@@ -561,6 +590,7 @@ static void reap(dol_scheduler *s)
         bool gone = request_gone(r);
         bool late = r->timeout_ms > 0 && now - r->t_arrival_ms > r->timeout_ms;
         if (!gone && !late) { i++; continue; }
+        reaped = true;
         s->queue[i] = s->queue[--s->n_queue];
         pthread_mutex_unlock(&s->mu);
         if (gone) fail_request(s, r, 499, "cancelled", NULL, "the client closed the connection");
@@ -576,11 +606,14 @@ static void reap(dol_scheduler *s)
         bool gone = request_gone(r);
         bool late = r->timeout_ms > 0 && now - r->t_arrival_ms > r->timeout_ms;
         if (!gone && !late) { i++; continue; }
+        reaped = true;
         if (gone) fail_request(s, r, 499, "cancelled", NULL, "the client closed the connection");
         else fail_request(s, r, 504, "timeout_error", "request_timeout",
                           "the request did not finish within request_timeout_s");
         i = 0; /* the array was compacted */
     }
+    /* Publish the freed blocks now: the loop may go idle (and sleep) next. */
+    if (reaped) update_stats(s);
 }
 
 static void update_stats(dol_scheduler *s)

@@ -23,7 +23,7 @@
  * missing from the table, the default file, the docs or --help is caught. */
 static const char *const KEYS[] = {
     "host", "port", "max_body_bytes", "model", "served_model_name", "threads",
-    "backend", "weights", "context_len", "temperature", "top_p", "top_k",
+    "backend", "weights", "quantize_lm_head", "context_len", "temperature", "top_p", "top_k",
     "max_tokens", "batch_window_ms", "max_batch_size", "batch_mode", "max_queue",
     "request_timeout_s", "memory_high_watermark", "kv_cache_tokens",
     "kv_cache_bytes", "kv_block_size", "prefill_chunk", "api_keys",
@@ -126,6 +126,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.threads, 0);
     assert_string_equal(c.backend, "auto");
     assert_string_equal(c.weights, "auto");
+    assert_true(c.quantize_lm_head);
     assert_int_equal(c.context_len, 0);
     assert_true(c.temperature == 1.0f);
     assert_true(c.top_p == 1.0f);
@@ -680,6 +681,8 @@ static void test_help_lists_every_flag(void **state)
             snprintf(flag, sizeof flag, "  --api-key ");
         } else if (strcmp(KEYS[i], "warmup") == 0) {
             snprintf(flag, sizeof flag, "  --warmup, --no-warmup ");
+        } else if (strcmp(KEYS[i], "quantize_lm_head") == 0) {
+            snprintf(flag, sizeof flag, "  --quantize-lm-head, --no-quantize-lm-head\n");
         } else {
             snprintf(flag, sizeof flag, "  --%s ", KEYS[i]);
             for (char *p = flag; *p; p++) if (*p == '_') *p = '-';

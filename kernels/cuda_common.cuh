@@ -1,0 +1,131 @@
+/* kernels/cuda_common.cuh — what every CUDA file of Dolphin shares:
+ *  - host-side error checks (CUDA_CHECK, CUBLAS_CHECK) that turn a failed
+ *    call into one line in the caller's error buffer and `return -1` — never
+ *    an abort. Usable from C (src/engine/cuda_engine.c) and CUDA C++;
+ *  - device helpers (CUDA C++ only): warp and block reductions, FP16
+ *    conversions, and the address of a row of the paged KV cache.
+ *
+ * CUDA_CHECK and CUBLAS_CHECK expect `char *err` and `size_t errlen` in scope
+ * (the error-buffer convention of dolphin/common.h) and a function returning
+ * int. */
+#ifndef DOLPHIN_CUDA_COMMON_CUH
+#define DOLPHIN_CUDA_COMMON_CUH
+
+#include <cuda_runtime_api.h>
+
+#include "dolphin/common.h"
+
+#define CUDA_CHECK(call)                                                                    \
+    do {                                                                                    \
+        cudaError_t cc_rc_ = (call);                                                        \
+        if (cc_rc_ != cudaSuccess) {                                                        \
+            dol_set_err(err, errlen, "cuda: %s failed: %s (%s:%d)", #call,                  \
+                        cudaGetErrorString(cc_rc_), __FILE__, __LINE__);                    \
+            return -1;                                                                      \
+        }                                                                                   \
+    } while (0)
+
+/* cublasGetStatusString exists since cuBLAS 11.4. */
+#define CUBLAS_CHECK(call)                                                                  \
+    do {                                                                                    \
+        cublasStatus_t cb_rc_ = (call);                                                     \
+        if (cb_rc_ != CUBLAS_STATUS_SUCCESS) {                                              \
+            dol_set_err(err, errlen, "cublas: %s failed: %s (%s:%d)", #call,                \
+                        cublasGetStatusString(cb_rc_), __FILE__, __LINE__);                 \
+            return -1;                                                                      \
+        }                                                                                   \
+    } while (0)
+
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+#define DOL_FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ float dol_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(DOL_FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double dol_warp_sum_d(double v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(DOL_FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float dol_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(DOL_FULL_MASK, v, o));
+    return v;
+}
+
+/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024);
+ * every thread gets the result. Call at most once per kernel: it uses a
+ * static shared buffer. */
+__device__ __forceinline__ double dol_block_sum_d(double v)
+{
+    __shared__ double partial[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_warps = blockDim.x >> 5;
+    v = dol_warp_sum_d(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double s = lane < n_warps ? partial[lane] : 0.0;
+        s = dol_warp_sum_d(s);
+        if (lane == 0) partial[0] = s;
+    }
+    __syncthreads();
+    return partial[0];
+}
+
+__device__ __forceinline__ __half dol_h(dol_f16 bits) { return __ushort_as_half(bits); }
+
+/* Row r of position block `block` (layer kv.layer, K when w == 0, V when
+ * w == 1): kv_dim FP16 values. 64-bit offsets: pools exceed 2^32 values. */
+__device__ __forceinline__ const __half *dol_kv_row(const dol_cuda_kv &kv, int32_t block, int w,
+                                                    int r)
+{
+    const size_t off = (size_t)block * (size_t)kv.block_elems +
+                       ((size_t)(kv.layer * 2 + w) * (size_t)kv.block_size + (size_t)r) *
+                           (size_t)kv.kv_dim;
+    return reinterpret_cast<const __half *>(kv.pool) + off;
+}
+
+/* The row of position p of a sequence, through its block table. */
+__device__ __forceinline__ const __half *dol_kv_pos(const dol_cuda_kv &kv, const int32_t *table,
+                                                    int p, int w)
+{
+    return dol_kv_row(kv, table[p / kv.block_size], w, p % kv.block_size);
+}
+
+/* q . k for a query in FP32 (shared memory) and a key row of head_dim FP16
+ * values, summed in order of increasing index. The row must be 16-byte
+ * aligned and head_dim a multiple of 8 (rows of the KV pool are). */
+__device__ __forceinline__ float dol_dot_q_k(const float *q, const __half *k, int head_dim)
+{
+    float s = 0.0f;
+    for (int i = 0; i < head_dim; i += 8) {
+        union {
+            uint4 u;
+            __half2 h[4];
+        } raw;
+        raw.u = *reinterpret_cast<const uint4 *>(k + i);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float2 f = __half22float2(raw.h[j]);
+            s += q[i + 2 * j] * f.x;
+            s += q[i + 2 * j + 1] * f.y;
+        }
+    }
+    return s;
+}
+
+static inline unsigned dol_div_up(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+#endif /* __CUDACC__ */
+
+#endif

@@ -1,0 +1,132 @@
+/* kernels/kernels.h — the C interface of Dolphin's CUDA kernels: one launcher
+ * per kernel family, callable from C (src/engine/cuda_engine.c) and from the
+ * tests. Every launcher enqueues work on `stream` and returns the launch
+ * status (cudaGetLastError), never aborts; errors during execution surface
+ * at the next synchronisation.
+ *
+ * Conventions: FP16 values are passed as dol_f16 (IEEE binary16 bits in a
+ * uint16_t; the kernels reinterpret them as __half). All matrices are
+ * row-major. "Token rows" index the T tokens of one forward call in item
+ * order, as the engine flattens them (backend.h).
+ *
+ * The paged KV cache (dol_cuda_kv) is one device array of FP16 blocks; block
+ * b holds, for every layer l and for K (w = 0) and V (w = 1), block_size rows
+ * of kv_dim values:
+ *   row(b, l, w, r) = pool + b*block_elems + ((l*2 + w)*block_size + r)*kv_dim
+ * with block_elems = n_layers * 2 * block_size * kv_dim. The same layout as
+ * the CPU backend, in FP16. Position p of the sequence of item i lives in
+ * block tables[i*max_blocks + p / block_size], row p % block_size. */
+#ifndef DOLPHIN_KERNELS_H
+#define DOLPHIN_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint16_t dol_f16;
+
+/* Head dimensions the attention kernels accept: even, a multiple of 8, at
+ * most 256 (Llama-2 uses 128). */
+#define DOL_CUDA_MAX_HEAD_DIM 256
+/* Queries per prefill attention tile (one warp each). */
+#define DOL_CUDA_PREFILL_BQ 8
+
+typedef struct {
+    dol_f16 *pool;          /* device base of the block pool */
+    int64_t block_elems;    /* FP16 values per block (all layers, K and V) */
+    int layer;              /* layer addressed by this call */
+    int block_size;         /* tokens per block */
+    int kv_dim;             /* n_kv_heads * head_dim */
+    const int32_t *tables;  /* device [n_items][max_blocks] block ids */
+    int max_blocks;         /* row stride of tables */
+} dol_cuda_kv;
+
+/* x[t][:] = table[ids[t]][:] as FP32, t < T. table: [vocab][d] FP16. */
+cudaError_t dol_cuda_embedding(float *x, const dol_f16 *table, const int32_t *ids, int T, int d,
+                               cudaStream_t stream);
+
+/* RMSNorm fused with the residual add, for r < R with row i = rows ? rows[r] : r:
+ *   if delta: x[i] += delta[i]   (FP32, written back)
+ *   y[r] = fp16( x[i] / sqrt(mean(x[i]^2) + eps) * w )
+ * x, delta: [*][d] FP32; w: [d] FP32; y: [R][d] FP16. The sum of squares is
+ * accumulated in double, as the CPU reference does. */
+cudaError_t dol_cuda_rmsnorm_residual(dol_f16 *y, float *x, const float *delta, const float *w,
+                                      const int32_t *rows, int R, int d, float eps,
+                                      cudaStream_t stream);
+
+/* RoPE in the Hugging Face rotate_half layout, in place on the first
+ * (n_heads + n_kv_heads) * head_dim values of each row t < T of x (the q
+ * heads followed by the k heads; row stride ld floats), at position pos[t].
+ * cos/sin: [ctx][head_dim/2] FP32 tables (angles computed in double on the
+ * host). Same arithmetic as dol_cpu_rope (no fused multiply-add). */
+cudaError_t dol_cuda_rope(float *x, int ld, const int32_t *pos, int T, int n_heads, int n_kv_heads,
+                          int head_dim, const float *cos_tab, const float *sin_tab,
+                          cudaStream_t stream);
+
+/* Write the K and V rows of tokens t < T into the paged cache at layer
+ * kv.layer: k = src + t*ld + k_off, v = src + t*ld + v_off (kv_dim FP32 each),
+ * stored as FP16 at the position pos[t] of the sequence of item[t]. */
+cudaError_t dol_cuda_kv_write(dol_cuda_kv kv, const float *src, int ld, int k_off, int v_off,
+                              const int32_t *pos, const int32_t *item, int T,
+                              cudaStream_t stream);
+
+/* Copy the first `rows` rows of every layer's K and V from block src to
+ * block dst (one strided device-to-device copy). */
+cudaError_t dol_cuda_kv_copy_block(const dol_cuda_kv *kv, int n_layers, int32_t src, int32_t dst,
+                                   int rows, cudaStream_t stream);
+
+/* Attention of single query tokens over the paged cache (decode). For each
+ * of the n_dec token rows t = dec_rows[i] and each query head h: softmax of
+ * scale * q.k over the positions 0..pos[t] of the sequence of item[t], times
+ * V, with kv head h / (n_heads / n_kv_heads) (GQA). q: row t at q + t*q_ld,
+ * head h at + h*head_dim (FP32); out: FP16, row t at out + t*out_ld.
+ * The positions are split into n_splits ranges of split_len (fixed per
+ * engine, so the launch shape does not depend on the context length: CUDA
+ * graphs can replay it); partial results go to `part`
+ * (dol_cuda_attention_decode_part_floats) and a second kernel combines them. */
+size_t dol_cuda_attention_decode_part_floats(int n_dec, int n_heads, int head_dim, int n_splits);
+cudaError_t dol_cuda_attention_decode(dol_f16 *out, int out_ld, const float *q, int q_ld,
+                                      const int32_t *dec_rows, int n_dec, const int32_t *pos,
+                                      const int32_t *item, int n_heads, int n_kv_heads,
+                                      int head_dim, float scale, dol_cuda_kv kv, float *part,
+                                      int n_splits, int split_len, cudaStream_t stream);
+
+/* Causal attention of prefill chunks over the paged cache, tiled with an
+ * online softmax (FlashAttention, Dao et al. 2022). tiles: device
+ * [n_tiles][4] int32 = { item, first token row, queries in the tile
+ * (1..DOL_CUDA_PREFILL_BQ), position of the first query }; the queries of a
+ * tile are consecutive rows and positions of one item, and query j attends to
+ * positions 0..first_pos+j (earlier chunks included). `tiles` must be
+ * 16-byte aligned (read as int4). Layouts as for decode. */
+cudaError_t dol_cuda_attention_prefill(dol_f16 *out, int out_ld, const float *q, int q_ld,
+                                       const int32_t *tiles, int n_tiles, int n_heads,
+                                       int n_kv_heads, int head_dim, float scale, dol_cuda_kv kv,
+                                       cudaStream_t stream);
+
+/* out[t][i] = fp16( silu(gu[t][i]) * gu[t][f + i] ), t < T, i < f; gu is the
+ * output of the fused gate|up product ([T][2f] FP32). */
+cudaError_t dol_cuda_silu_mul(dol_f16 *out, const float *gu, int T, int f, cudaStream_t stream);
+
+/* Per row r < R of logits [R][V] FP32: the index of the largest value and
+ * the value (the lowest index among equals; NaN values are skipped; a row of
+ * NaN only gives index 0). */
+cudaError_t dol_cuda_argmax_rows(int32_t *idx, float *val, const float *logits, int R, int V,
+                                 cudaStream_t stream);
+/* Per row: log(sum(exp(logits))) computed stably (max + log sum exp(x - max)),
+ * so logprob(i) = logits[i] - lse without copying the row to the host. */
+cudaError_t dol_cuda_logsumexp_rows(float *lse, const float *logits, int R, int V,
+                                    cudaStream_t stream);
+
+/* cudaSuccess when this binary holds kernel code the current device can run
+ * (cudaErrorNoKernelImageForDevice otherwise). */
+cudaError_t dol_cuda_kernels_loadable(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,164 @@
+/* src/api/api.h — private to the HTTP front end: the OpenAI-compatible API's
+ * request parsing and validation, and response JSON building (SPEC §5, §8).
+ * Pure functions over cJSON values: no sockets, no threads, no scheduler
+ * calls, so each can be unit-tested on its own. src/http/ does the plumbing.
+ */
+#ifndef DOLPHIN_API_H
+#define DOLPHIN_API_H
+
+#include <cjson/cJSON.h>
+
+#include "dolphin/common.h"
+#include "dolphin/scheduler.h"
+#include "dolphin/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ---------------------------------------------------------- */
+
+/* One OpenAI-shaped error: {"error":{"message","type","param","code"}}. */
+typedef struct {
+    int status;          /* HTTP status (400, 401, ...) */
+    char type[48];       /* "invalid_request_error", ... */
+    char param[64];      /* field at fault; "" = null */
+    char code[48];       /* machine-readable code; "" = null */
+    char message[512];
+} dol_api_error;
+
+void dol_api_error_set(dol_api_error *e, int status, const char *type,
+                       const char *param, const char *code,
+                       const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+/* 400 invalid_request_error naming `param` (may be NULL). */
+void dol_api_error_invalid(dol_api_error *e, const char *param,
+                           const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The error's JSON body, malloc'd (NULL on OOM). */
+char *dol_api_error_json(const dol_api_error *e);
+
+/* ---- request bodies -------------------------------------------------- */
+
+/* Strict UTF-8 check: no overlong forms, surrogates or code points past
+ * U+10FFFF. */
+bool dol_api_utf8_valid(const char *s, size_t n);
+
+/* Parse a request body that must be one JSON object: non-empty, valid UTF-8,
+ * no NUL bytes or \u0000 escapes, nothing after the value. Returns the
+ * object (caller frees with cJSON_Delete) or NULL with a 400 in e. */
+cJSON *dol_api_parse_object(const char *body, size_t len, dol_api_error *e);
+
+/* True when a Content-Type header value names application/json (parameters
+ * such as "; charset=utf-8" are allowed; NULL = absent = accepted). */
+bool dol_api_content_type_is_json(const char *ct);
+
+/* ---- POST /v1/completions ---------------------------------------------- */
+
+#define DOL_API_MAX_PROMPTS 64   /* prompts in one request */
+#define DOL_API_MAX_N 16         /* choices per prompt */
+
+/* One prompt as the client sent it: text, or token ids taken as given. */
+typedef struct {
+    char *text;          /* malloc'd, NUL-terminated; NULL for token prompts */
+    size_t text_len;
+    int32_t *ids;        /* malloc'd; NULL for text prompts */
+    int n_ids;
+} dol_api_prompt;
+
+/* What validation needs to know about the served model and the defaults. */
+typedef struct {
+    int vocab_size;          /* token ids must be in [0, vocab_size) */
+    int context_len;         /* prompt + max_tokens limit */
+    int default_max_tokens;  /* when max_tokens is absent or null */
+    float default_temperature;
+    float default_top_p;
+    int default_top_k;
+} dol_api_limits;
+
+/* A validated /v1/completions request. */
+typedef struct {
+    char *model;             /* as sent, or NULL when absent */
+    dol_api_prompt *prompts; /* n_prompts >= 1 */
+    int n_prompts;
+    int64_t max_tokens;      /* >= 0 */
+    bool max_tokens_given;
+    int n;                   /* choices per prompt, 1..DOL_API_MAX_N */
+    dol_sampling_params sampling;
+    bool has_seed;
+    uint64_t seed;
+    char *stop[DOL_MAX_STOP];
+    int n_stop;
+    bool stream;
+    bool include_usage;      /* stream_options.include_usage */
+    int logprobs;            /* -1 = off, else 0..DOL_MAX_LOGPROBS */
+    bool echo;
+    bool ignore_eos;
+} dol_completion_params;
+
+/* Validate every known field of a /v1/completions body (unknown fields are
+ * ignored). On failure returns -1 with a 400 naming the field in e; p is
+ * left freeable either way. */
+int dol_api_parse_completion(const cJSON *body, const dol_api_limits *lim,
+                             dol_completion_params *p, dol_api_error *e);
+void dol_api_completion_params_free(dol_completion_params *p);
+
+/* 400 context_length_exceeded when n_prompt + max_tokens > context_len. */
+int dol_api_check_context(int n_prompt, int64_t max_tokens, int context_len,
+                          dol_api_error *e);
+
+/* ---- responses --------------------------------------------------------- */
+
+/* Identity of one completion response (shared by all its stream chunks). */
+typedef struct {
+    const char *id;          /* "cmpl-..." */
+    const char *model;
+    int64_t created;         /* unix seconds */
+} dol_api_meta;
+
+/* One choice as it goes into a response or a stream chunk. */
+typedef struct {
+    int index;
+    const char *text;        /* not necessarily NUL-terminated */
+    size_t text_len;
+    const char *finish;      /* "stop" | "length" | NULL (null) */
+    cJSON *logprobs;         /* taken over; NULL = null */
+} dol_api_choice;
+
+/* Usage figures; prompt_tokens < 0 leaves "usage" out. */
+typedef struct {
+    int64_t prompt_tokens, completion_tokens;
+} dol_api_usage;
+
+/* {"id","object":"text_completion","created","model","choices":[...],
+ * "usage"?}. Takes over each choice's logprobs. NULL on OOM. */
+cJSON *dol_api_completion_json(const dol_api_meta *m, dol_api_choice *ch,
+                               int n_choices, const dol_api_usage *usage);
+
+/* Server-Sent Event framing: "data: <json>\n\n" (takes over j and frees it),
+ * or "data: [DONE]\n\n" when j is NULL. malloc'd; NULL on OOM. */
+char *dol_api_sse_event(cJSON *j, size_t *len);
+
+/* Text of one token for logprobs: the piece with "▁" as a space, "" for
+ * control tokens, the byte itself for ASCII byte-fallback tokens and
+ * "bytes:\xNN" for the others. Writes into buf (NUL-terminated). */
+const char *dol_api_token_text(const dol_tokenizer *tok, int32_t id,
+                               char *buf, size_t n);
+
+/* OpenAI legacy completions logprobs object:
+ * {"tokens":[...],"token_logprobs":[...],"top_logprobs":[{..}],
+ *  "text_offset":[...]} over n entries. Entries with n_top < 0 (the first
+ * echoed prompt token) get null logprob and null top_logprobs.
+ * offsets[i] is the byte offset of token i in the choice's text. */
+cJSON *dol_api_logprobs_json(const dol_tokenizer *tok,
+                             const dol_token_logprob *lps, const int *offsets,
+                             int n);
+/* Append entries to an existing logprobs object (streaming and echo). */
+int dol_api_logprobs_append(cJSON *obj, const dol_tokenizer *tok,
+                            const dol_token_logprob *lps, const int *offsets,
+                            int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

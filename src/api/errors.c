@@ -1,0 +1,162 @@
+/* src/api/errors.c — OpenAI-shaped error objects, and the first checks every
+ * JSON request body goes through: Content-Type, UTF-8 validity, NUL bytes,
+ * and parsing into exactly one JSON object. */
+#include "api/api.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+static void copy_str(char *dst, size_t n, const char *src)
+{
+    if (!src) src = "";
+    snprintf(dst, n, "%s", src);
+}
+
+static void error_vset(dol_api_error *e, int status, const char *type,
+                       const char *param, const char *code,
+                       const char *fmt, va_list ap)
+{
+    e->status = status;
+    copy_str(e->type, sizeof e->type, type);
+    copy_str(e->param, sizeof e->param, param);
+    copy_str(e->code, sizeof e->code, code);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+}
+
+void dol_api_error_set(dol_api_error *e, int status, const char *type,
+                       const char *param, const char *code,
+                       const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    error_vset(e, status, type, param, code, fmt, ap);
+    va_end(ap);
+}
+
+void dol_api_error_invalid(dol_api_error *e, const char *param,
+                           const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    error_vset(e, 400, "invalid_request_error", param, NULL, fmt, ap);
+    va_end(ap);
+}
+
+static cJSON *string_or_null(const char *s)
+{
+    return (s && s[0]) ? cJSON_CreateString(s) : cJSON_CreateNull();
+}
+
+char *dol_api_error_json(const dol_api_error *e)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(root, "error");
+    if (!err) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type[0] ? e->type : "api_error");
+    cJSON_AddItemToObject(err, "param", string_or_null(e->param));
+    cJSON_AddItemToObject(err, "code", string_or_null(e->code));
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+bool dol_api_utf8_valid(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    const unsigned char *end = p + n;
+    while (p < end) {
+        unsigned c = *p;
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        size_t k;
+        uint32_t cp, min;
+        if (c >= 0xC2 && c <= 0xDF) {
+            k = 1; cp = c & 0x1F; min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            k = 2; cp = c & 0x0F; min = 0x800;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            k = 3; cp = c & 0x07; min = 0x10000;
+        } else {
+            return false;
+        }
+        if ((size_t)(end - p) <= k) return false;
+        for (size_t i = 1; i <= k; i++) {
+            if ((p[i] & 0xC0) != 0x80) return false;
+            cp = (cp << 6) | (p[i] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return false;
+        p += k + 1;
+    }
+    return true;
+}
+
+/* A "\u0000" escape outside of an escaped backslash: cJSON would cut the
+ * string there silently, so such bodies are refused. */
+static bool has_nul_escape(const char *s, size_t n)
+{
+    for (size_t i = 0; i + 6 <= n; i++) {
+        if (s[i] != '\\') continue;
+        if (s[i + 1] == 'u' && memcmp(s + i + 2, "0000", 4) == 0) return true;
+        i++;  /* skip the escaped character (handles "\\\\u0000") */
+    }
+    return false;
+}
+
+cJSON *dol_api_parse_object(const char *body, size_t len, dol_api_error *e)
+{
+    if (!body || len == 0) {
+        dol_api_error_invalid(e, NULL, "The request body is empty; expected a JSON object.");
+        return NULL;
+    }
+    if (!dol_api_utf8_valid(body, len)) {
+        dol_api_error_invalid(e, NULL, "The request body is not valid UTF-8.");
+        return NULL;
+    }
+    if (memchr(body, '\0', len)) {
+        dol_api_error_invalid(e, NULL, "The request body contains a NUL byte.");
+        return NULL;
+    }
+    if (has_nul_escape(body, len)) {
+        dol_api_error_invalid(e, NULL, "Strings in the request body must not contain \\u0000.");
+        return NULL;
+    }
+    /* The caller's buffer is NUL-terminated at body[len]; passing len + 1
+     * lets cJSON see that terminator, which require_null_terminated checks
+     * for (anything but whitespace after the value is an error). */
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len + 1, &end, 1);
+    if (!root) {
+        size_t off = end && end >= body ? (size_t)(end - body) : 0;
+        if (off > len) off = len;
+        dol_api_error_invalid(e, NULL,
+                              "We could not parse the JSON body of your request "
+                              "(error near byte %zu). The body must be one JSON object.",
+                              off);
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        dol_api_error_invalid(e, NULL, "The request body must be a JSON object.");
+        cJSON_Delete(root);
+        return NULL;
+    }
+    return root;
+}
+
+bool dol_api_content_type_is_json(const char *ct)
+{
+    if (!ct) return true;
+    while (*ct == ' ' || *ct == '\t') ct++;
+    size_t n = strcspn(ct, ";");
+    while (n > 0 && (ct[n - 1] == ' ' || ct[n - 1] == '\t')) n--;
+    static const char want[] = "application/json";
+    return n == sizeof want - 1 && strncasecmp(ct, want, n) == 0;
+}

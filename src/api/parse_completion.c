@@ -1,0 +1,527 @@
+/* src/api/parse_completion.c — validation of POST /v1/completions bodies.
+ *
+ * Table-driven: FIELDS lists every known field with its parser; a field that
+ * is absent or null keeps its default; unknown fields are ignored. Every
+ * error is a 400 naming the field (param) and saying what was expected.
+ * Checks that involve several fields run after the table. */
+#include "api/api.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- typed getters ----------------------------------------------------- */
+
+/* Integral JSON number within [lo, hi] (doubles hold integers exactly up
+ * to 2^53, which bounds every range used here). */
+static int get_int(const cJSON *v, const char *name, int64_t lo, int64_t hi,
+                   int64_t *out, dol_api_error *e)
+{
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) ||
+        v->valuedouble != floor(v->valuedouble)) {
+        dol_api_error_invalid(e, name, "'%s' must be an integer.", name);
+        return -1;
+    }
+    double d = v->valuedouble;
+    if (d < (double)lo || d > (double)hi) {
+        if (hi >= ((int64_t)1 << 53))
+            dol_api_error_invalid(e, name, "'%s' must be >= %lld (got %.0f).",
+                                  name, (long long)lo, d);
+        else
+            dol_api_error_invalid(e, name,
+                                  "'%s' must be between %lld and %lld (got %.0f).",
+                                  name, (long long)lo, (long long)hi, d);
+        return -1;
+    }
+    *out = (int64_t)d;
+    return 0;
+}
+
+/* Finite JSON number within [lo, hi]; lo_open excludes lo itself. */
+static int get_num(const cJSON *v, const char *name, double lo, bool lo_open,
+                   double hi, float *out, dol_api_error *e)
+{
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        dol_api_error_invalid(e, name, "'%s' must be a number.", name);
+        return -1;
+    }
+    double d = v->valuedouble;
+    if (d < lo || (lo_open && d == lo) || d > hi) {
+        dol_api_error_invalid(e, name, "'%s' must be %s %g and <= %g (got %g).",
+                              name, lo_open ? ">" : ">=", lo, hi, d);
+        return -1;
+    }
+    *out = (float)d;
+    return 0;
+}
+
+static int get_bool(const cJSON *v, const char *name, bool *out,
+                    dol_api_error *e)
+{
+    if (!cJSON_IsBool(v)) {
+        dol_api_error_invalid(e, name, "'%s' must be a boolean.", name);
+        return -1;
+    }
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+static int oom(dol_api_error *e)
+{
+    dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+    return -1;
+}
+
+/* ---- prompt ------------------------------------------------------------ */
+
+static bool is_int_array(const cJSON *a)
+{
+    if (!cJSON_IsArray(a)) return false;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a) if (!cJSON_IsNumber(x)) return false;
+    return true;
+}
+
+static int prompt_from_string(const cJSON *s, dol_api_prompt *pr,
+                              dol_api_error *e)
+{
+    size_t n = strlen(s->valuestring);
+    pr->text = malloc(n + 1);
+    if (!pr->text) return oom(e);
+    memcpy(pr->text, s->valuestring, n + 1);
+    pr->text_len = n;
+    return 0;
+}
+
+static int prompt_from_ids(const cJSON *a, const dol_api_limits *lim,
+                           dol_api_prompt *pr, dol_api_error *e)
+{
+    int n = cJSON_GetArraySize(a);
+    if (n == 0) {
+        dol_api_error_invalid(e, "prompt", "'prompt' must not be an empty list of token ids.");
+        return -1;
+    }
+    pr->ids = malloc((size_t)n * sizeof *pr->ids);
+    if (!pr->ids) return oom(e);
+    int i = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a) {
+        double d = x->valuedouble;
+        if (!isfinite(d) || d != floor(d) || d < 0 || d >= (double)lim->vocab_size) {
+            dol_api_error_invalid(e, "prompt",
+                                  "'prompt' token id at index %d is %g; token ids must be "
+                                  "integers in [0, %d).", i, d, lim->vocab_size);
+            return -1;
+        }
+        pr->ids[i++] = (int32_t)d;
+    }
+    pr->n_ids = n;
+    return 0;
+}
+
+/* prompt: "text" | [ids] | ["text", ...] | [[ids], ...] */
+static int f_prompt(const cJSON *v, const dol_api_limits *lim,
+                    dol_completion_params *p, dol_api_error *e)
+{
+    static const char *shape =
+        "'prompt' must be a string, an array of token ids, an array of strings "
+        "or an array of arrays of token ids.";
+    if (cJSON_IsString(v)) {
+        p->prompts = calloc(1, sizeof *p->prompts);
+        if (!p->prompts) return oom(e);
+        p->n_prompts = 1;
+        return prompt_from_string(v, &p->prompts[0], e);
+    }
+    if (!cJSON_IsArray(v)) {
+        dol_api_error_invalid(e, "prompt", "%s", shape);
+        return -1;
+    }
+    int n = cJSON_GetArraySize(v);
+    if (n == 0) {
+        dol_api_error_invalid(e, "prompt", "'prompt' must not be an empty array.");
+        return -1;
+    }
+    if (is_int_array(v)) {
+        p->prompts = calloc(1, sizeof *p->prompts);
+        if (!p->prompts) return oom(e);
+        p->n_prompts = 1;
+        return prompt_from_ids(v, lim, &p->prompts[0], e);
+    }
+    if (n > DOL_API_MAX_PROMPTS) {
+        dol_api_error_invalid(e, "prompt", "'prompt' holds %d prompts; at most %d are allowed.",
+                              n, DOL_API_MAX_PROMPTS);
+        return -1;
+    }
+    const cJSON *first = v->child;
+    bool strings = cJSON_IsString(first);
+    p->prompts = calloc((size_t)n, sizeof *p->prompts);
+    if (!p->prompts) return oom(e);
+    p->n_prompts = n;
+    int i = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, v) {
+        if (strings ? !cJSON_IsString(x) : !is_int_array(x)) {
+            dol_api_error_invalid(e, "prompt", "%s (element %d does not match)", shape, i);
+            return -1;
+        }
+        int rc = strings ? prompt_from_string(x, &p->prompts[i], e)
+                         : prompt_from_ids(x, lim, &p->prompts[i], e);
+        if (rc) return rc;
+        i++;
+    }
+    return 0;
+}
+
+/* ---- other fields ------------------------------------------------------ */
+
+static int f_model(const cJSON *v, const dol_api_limits *lim,
+                   dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    if (!cJSON_IsString(v)) {
+        dol_api_error_invalid(e, "model", "'model' must be a string.");
+        return -1;
+    }
+    p->model = strdup(v->valuestring);
+    return p->model ? 0 : oom(e);
+}
+
+static int f_max_tokens(const cJSON *v, const dol_api_limits *lim,
+                        dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    int64_t x;
+    if (get_int(v, "max_tokens", 0, (int64_t)1 << 53, &x, e)) return -1;
+    p->max_tokens = x;
+    p->max_tokens_given = true;
+    return 0;
+}
+
+static int f_temperature(const cJSON *v, const dol_api_limits *lim,
+                         dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    return get_num(v, "temperature", 0, false, 2, &p->sampling.temperature, e);
+}
+
+static int f_top_p(const cJSON *v, const dol_api_limits *lim,
+                   dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    return get_num(v, "top_p", 0, true, 1, &p->sampling.top_p, e);
+}
+
+static int f_top_k(const cJSON *v, const dol_api_limits *lim,
+                   dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    int64_t x;
+    if (get_int(v, "top_k", -1, INT_MAX, &x, e)) return -1;
+    p->sampling.top_k = x <= 0 ? 0 : (int)x;
+    return 0;
+}
+
+static int f_min_p(const cJSON *v, const dol_api_limits *lim,
+                   dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    return get_num(v, "min_p", 0, false, 1, &p->sampling.min_p, e);
+}
+
+static int f_presence_penalty(const cJSON *v, const dol_api_limits *lim,
+                              dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    return get_num(v, "presence_penalty", -2, false, 2,
+                   &p->sampling.presence_penalty, e);
+}
+
+static int f_frequency_penalty(const cJSON *v, const dol_api_limits *lim,
+                               dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    return get_num(v, "frequency_penalty", -2, false, 2,
+                   &p->sampling.frequency_penalty, e);
+}
+
+static int f_repetition_penalty(const cJSON *v, const dol_api_limits *lim,
+                                dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    return get_num(v, "repetition_penalty", 0, true, 10,
+                   &p->sampling.repetition_penalty, e);
+}
+
+/* logit_bias: {"<token id>": bias in [-100, 100], ...} */
+static int f_logit_bias(const cJSON *v, const dol_api_limits *lim,
+                        dol_completion_params *p, dol_api_error *e)
+{
+    if (!cJSON_IsObject(v)) {
+        dol_api_error_invalid(e, "logit_bias", "'logit_bias' must be an object mapping token ids to numbers.");
+        return -1;
+    }
+    int n = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, v) {
+        if (n >= DOL_MAX_LOGIT_BIAS) {
+            dol_api_error_invalid(e, "logit_bias", "'logit_bias' may hold at most %d entries.",
+                                  DOL_MAX_LOGIT_BIAS);
+            return -1;
+        }
+        const char *k = x->string;
+        char *end = NULL;
+        long id = (k && *k >= '0' && *k <= '9') ? strtol(k, &end, 10) : -1;
+        if (id < 0 || !end || *end || id >= lim->vocab_size) {
+            dol_api_error_invalid(e, "logit_bias",
+                                  "'logit_bias' keys must be token ids in [0, %d).",
+                                  lim->vocab_size);
+            return -1;
+        }
+        if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) ||
+            x->valuedouble < -100 || x->valuedouble > 100) {
+            dol_api_error_invalid(e, "logit_bias",
+                                  "'logit_bias' values must be numbers between -100 and 100.");
+            return -1;
+        }
+        p->sampling.logit_bias_ids[n] = (int32_t)id;
+        p->sampling.logit_bias_vals[n] = (float)x->valuedouble;
+        n++;
+    }
+    p->sampling.n_logit_bias = n;
+    return 0;
+}
+
+static int f_n(const cJSON *v, const dol_api_limits *lim,
+               dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    int64_t x;
+    if (get_int(v, "n", 1, DOL_API_MAX_N, &x, e)) return -1;
+    p->n = (int)x;
+    return 0;
+}
+
+static int f_best_of(const cJSON *v, const dol_api_limits *lim,
+                     dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim; (void)p;
+    int64_t x;
+    if (get_int(v, "best_of", 1, DOL_API_MAX_N, &x, e)) return -1;
+    /* Checked against n once n is known (see cross_checks). */
+    return 0;
+}
+
+static int add_stop(const cJSON *s, dol_completion_params *p, dol_api_error *e)
+{
+    if (!cJSON_IsString(s) || s->valuestring[0] == '\0') {
+        dol_api_error_invalid(e, "stop", "'stop' must be a non-empty string or an array of up "
+                              "to %d non-empty strings.", DOL_MAX_STOP);
+        return -1;
+    }
+    p->stop[p->n_stop] = strdup(s->valuestring);
+    if (!p->stop[p->n_stop]) return oom(e);
+    p->n_stop++;
+    return 0;
+}
+
+static int f_stop(const cJSON *v, const dol_api_limits *lim,
+                  dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    if (!cJSON_IsArray(v)) return add_stop(v, p, e);
+    if (cJSON_GetArraySize(v) > DOL_MAX_STOP) {
+        dol_api_error_invalid(e, "stop", "'stop' may hold at most %d strings.", DOL_MAX_STOP);
+        return -1;
+    }
+    const cJSON *x;
+    cJSON_ArrayForEach(x, v) if (add_stop(x, p, e)) return -1;
+    return 0;
+}
+
+static int f_stream(const cJSON *v, const dol_api_limits *lim,
+                    dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    return get_bool(v, "stream", &p->stream, e);
+}
+
+static int f_stream_options(const cJSON *v, const dol_api_limits *lim,
+                            dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    if (!cJSON_IsObject(v)) {
+        dol_api_error_invalid(e, "stream_options", "'stream_options' must be an object.");
+        return -1;
+    }
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(v, "include_usage");
+    if (u && !cJSON_IsNull(u) &&
+        get_bool(u, "stream_options.include_usage", &p->include_usage, e))
+        return -1;
+    return 0;
+}
+
+static int f_seed(const cJSON *v, const dol_api_limits *lim,
+                  dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    /* Any 64-bit integer, signed or not (negative seeds wrap). */
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) ||
+        v->valuedouble != floor(v->valuedouble) ||
+        v->valuedouble < -9223372036854775808.0 ||
+        v->valuedouble >= 18446744073709551616.0) {
+        dol_api_error_invalid(e, "seed", "'seed' must be an integer that fits in 64 bits.");
+        return -1;
+    }
+    double d = v->valuedouble;
+    p->seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
+    p->has_seed = true;
+    return 0;
+}
+
+static int f_logprobs(const cJSON *v, const dol_api_limits *lim,
+                      dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    int64_t x;
+    if (get_int(v, "logprobs", 0, DOL_MAX_LOGPROBS, &x, e)) return -1;
+    p->logprobs = (int)x;
+    return 0;
+}
+
+static int f_echo(const cJSON *v, const dol_api_limits *lim,
+                  dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    return get_bool(v, "echo", &p->echo, e);
+}
+
+static int f_ignore_eos(const cJSON *v, const dol_api_limits *lim,
+                        dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    return get_bool(v, "ignore_eos", &p->ignore_eos, e);
+}
+
+static int f_user(const cJSON *v, const dol_api_limits *lim,
+                  dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim; (void)p;
+    if (!cJSON_IsString(v)) {
+        dol_api_error_invalid(e, "user", "'user' must be a string.");
+        return -1;
+    }
+    return 0;
+}
+
+typedef int (*field_fn)(const cJSON *v, const dol_api_limits *lim,
+                        dol_completion_params *p, dol_api_error *e);
+
+static const struct {
+    const char *name;
+    field_fn parse;
+} FIELDS[] = {
+    {"model", f_model},
+    {"prompt", f_prompt},
+    {"max_tokens", f_max_tokens},
+    {"temperature", f_temperature},
+    {"top_p", f_top_p},
+    {"top_k", f_top_k},
+    {"min_p", f_min_p},
+    {"presence_penalty", f_presence_penalty},
+    {"frequency_penalty", f_frequency_penalty},
+    {"repetition_penalty", f_repetition_penalty},
+    {"logit_bias", f_logit_bias},
+    {"n", f_n},
+    {"best_of", f_best_of},
+    {"stop", f_stop},
+    {"stream", f_stream},
+    {"stream_options", f_stream_options},
+    {"seed", f_seed},
+    {"logprobs", f_logprobs},
+    {"echo", f_echo},
+    {"ignore_eos", f_ignore_eos},
+    {"user", f_user},
+};
+
+static void defaults(dol_completion_params *p, const dol_api_limits *lim)
+{
+    memset(p, 0, sizeof *p);
+    dol_sampling_params_default(&p->sampling);
+    p->sampling.temperature = lim->default_temperature;
+    p->sampling.top_p = lim->default_top_p;
+    p->sampling.top_k = lim->default_top_k > 0 ? lim->default_top_k : 0;
+    p->max_tokens = lim->default_max_tokens;
+    p->n = 1;
+    p->logprobs = -1;
+}
+
+static int cross_checks(const cJSON *body, dol_completion_params *p,
+                        dol_api_error *e)
+{
+    if (p->n_prompts == 0) {
+        dol_api_error_invalid(e, "prompt", "Missing required parameter 'prompt'.");
+        return -1;
+    }
+    if (p->max_tokens == 0 && !p->echo) {
+        dol_api_error_invalid(e, "max_tokens",
+                              "'max_tokens' must be at least 1 (0 is only allowed with echo).");
+        return -1;
+    }
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
+    if (so && !cJSON_IsNull(so) && !p->stream) {
+        dol_api_error_invalid(e, "stream_options",
+                              "'stream_options' is only allowed when 'stream' is true.");
+        return -1;
+    }
+    const cJSON *bo = cJSON_GetObjectItemCaseSensitive(body, "best_of");
+    if (bo && !cJSON_IsNull(bo) && (int)bo->valuedouble != p->n) {
+        dol_api_error_invalid(e, "best_of", "'best_of' other than n is not supported.");
+        return -1;
+    }
+    return 0;
+}
+
+int dol_api_parse_completion(const cJSON *body, const dol_api_limits *lim,
+                             dol_completion_params *p, dol_api_error *e)
+{
+    defaults(p, lim);
+    if (!cJSON_IsObject(body)) {
+        dol_api_error_invalid(e, NULL, "The request body must be a JSON object.");
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, FIELDS[i].name);
+        if (!v || cJSON_IsNull(v)) continue;
+        if (FIELDS[i].parse(v, lim, p, e)) return -1;
+    }
+    return cross_checks(body, p, e);
+}
+
+void dol_api_completion_params_free(dol_completion_params *p)
+{
+    if (!p) return;
+    free(p->model);
+    for (int i = 0; i < p->n_prompts; i++) {
+        free(p->prompts[i].text);
+        free(p->prompts[i].ids);
+    }
+    free(p->prompts);
+    for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
+    memset(p, 0, sizeof *p);
+}
+
+int dol_api_check_context(int n_prompt, int64_t max_tokens, int context_len,
+                          dol_api_error *e)
+{
+    if ((int64_t)n_prompt + max_tokens <= (int64_t)context_len) return 0;
+    dol_api_error_set(e, 400, "invalid_request_error",
+                      n_prompt >= context_len ? "prompt" : "max_tokens",
+                      "context_length_exceeded",
+                      "This model's maximum context length is %d tokens. However, you "
+                      "requested %lld tokens (%d in the prompt, %lld for the completion). "
+                      "Please reduce the length of the prompt or max_tokens.",
+                      context_len, (long long)(n_prompt + max_tokens), n_prompt,
+                      (long long)max_tokens);
+    return -1;
+}

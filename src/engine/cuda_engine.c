@@ -1,0 +1,852 @@
+/* src/engine/cuda_engine.c — the CUDA backend (backend.h): the Llama forward
+ * pass of cpu_engine.c on one GPU, over the same batches (prefill chunks and
+ * decode tokens of many sequences in one call) and the same paged KV cache
+ * bookkeeping, which the generic engine owns; this file owns the device
+ * memory the block ids index into.
+ *
+ * Precision (docs/cuda.md): linear-layer weights and the embedding in FP16
+ * (F32/BF16 checkpoints converted once at load, on the host); every matrix
+ * product through cuBLAS with FP16 inputs, FP32 accumulation
+ * (CUBLAS_COMPUTE_32F) and FP32 output; the residual stream, Q, RoPE,
+ * softmax and norms in FP32; the inputs of the products (normed activations,
+ * attention output, SiLU·up) rounded to FP16; the KV cache in FP16.
+ *
+ * One step (T token rows): embedding -> per layer [RMSNorm(+residual) ->
+ * fused QKV product -> RoPE -> K/V into the blocks -> attention (decode
+ * kernel for one-token items, tiled prefill kernel for longer ones) -> output
+ * product -> RMSNorm(+residual) -> fused gate|up product -> SiLU·up -> down
+ * product] -> final RMSNorm of the rows that want logits -> lm_head.
+ * Per-call metadata (token ids, positions, block tables, attention work
+ * lists) goes up in one copy from pinned memory; steps made only of decode
+ * tokens are captured once per batch size as CUDA graphs and replayed.
+ *
+ * Without DOLPHIN_HAVE_CUDA this file only provides dol_cuda_utilization. */
+#include "engine/backend.h"
+#include "engine/cuda_probe.h"
+
+#ifndef DOLPHIN_HAVE_CUDA
+
+int dol_cuda_utilization(int *percent)
+{
+    (void)percent;
+    return -1;
+}
+
+#else
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dolphin/log.h"
+#include "engine/cpu_ops.h"
+#include "kernels/cuda_common.cuh"
+#include "kernels/kernels.h"
+
+#define LOGIT_CHUNK 128                    /* lm_head rows per product */
+#define STAGE_BYTES ((size_t)64 << 20)     /* each of the two pinned upload buffers */
+#define BLAS_WS_BYTES ((size_t)32 << 20)   /* cuBLAS workspace (graph capture needs one) */
+#define RESERVE_BYTES ((size_t)384 << 20)  /* left free inside the budget: cuBLAS kernels
+                                              loaded lazily, graphs, allocator slack */
+#define SPLIT_LEN_MIN 64                   /* decode attention: positions per split */
+#define SPLITS_MAX 64
+#define MIB(b) ((double)(b) / 1048576.0)
+
+static int g_cuda_dev; /* the device in use, for the utilisation probe */
+
+typedef struct {
+    float *attn_norm, *ffn_norm; /* [d] FP32 */
+    dol_f16 *wqkv;               /* [q_dim + 2*kv_dim][d]: q rows, k rows, v rows */
+    dol_f16 *wo;                 /* [d][q_dim] */
+    dol_f16 *wgu;                /* [2f][d]: gate rows, then up rows */
+    dol_f16 *wdown;              /* [d][f] */
+} cu_layer;
+
+typedef struct {
+    dol_model_config c;
+    int dev;
+    int d, f, q_dim, kv_dim, qkv_dim, hd, V, ctx;
+    int max_T, max_items, logit_chunk;
+    int bs, n_blocks, max_blocks;
+    int n_splits, split_len, max_tiles;
+    float scale;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+
+    void **allocs;               /* every cudaMalloc, freed in destroy */
+    int n_allocs, cap_allocs;
+    size_t weight_bytes;
+
+    cu_layer *L;
+    dol_f16 *embed, *lm_head;    /* lm_head == embed when tied */
+    float *final_norm;
+    float *rope_cos, *rope_sin;  /* [ctx][hd/2] */
+    dol_f16 *kv_pool;
+    int64_t block_elems;
+
+    /* workspaces for max_T rows */
+    float *x, *dx, *qkv, *gu, *logits, *part;
+    dol_f16 *xn, *att, *hbuf;
+    void *blas_ws;
+
+    /* per-call metadata, int32: pinned host copy and device copy */
+    int32_t *meta_h, *meta_d;
+    size_t meta_n, off_id, off_pos, off_item, off_lrow, off_dec, off_tiles, off_tables;
+    float *logits_h;             /* pinned [logit_chunk][V] */
+
+    /* CUDA graphs of decode-only steps, by batch size */
+    bool graphs_on;
+    cudaGraphExec_t *graph;      /* [max_items + 1] */
+    unsigned char *seen;         /* [max_items + 1]: eager runs before capture */
+
+    char deferred[DOL_ERR_LEN];  /* failure of copy_block, reported by forward */
+} cuda_engine;
+
+/* ---- device memory ------------------------------------------------------ */
+
+static int dalloc(cuda_engine *e, void *out, size_t bytes, const char *what, char *err,
+                  size_t errlen)
+{
+    if (e->n_allocs == e->cap_allocs) {
+        int cap = e->cap_allocs ? e->cap_allocs * 2 : 64;
+        void **a = realloc(e->allocs, sizeof(void *) * (size_t)cap);
+        if (!a) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
+        e->allocs = a;
+        e->cap_allocs = cap;
+    }
+    void *p = NULL;
+    cudaError_t rc = cudaMalloc(&p, bytes ? bytes : 256);
+    if (rc != cudaSuccess) {
+        dol_set_err(err, errlen, "cuda: cannot allocate %.1f MiB for %s: %s", MIB(bytes), what,
+                    cudaGetErrorString(rc));
+        return -1;
+    }
+    e->allocs[e->n_allocs++] = p;
+    *(void **)out = p;
+    return 0;
+}
+
+/* ---- weight upload: host conversion to FP16, double-buffered pinned copies */
+
+typedef struct {
+    void *stage[2];
+    cudaEvent_t done[2];
+    int cur;
+    cudaStream_t s;
+} uploader;
+
+static int up_init(uploader *u, cudaStream_t s, char *err, size_t errlen)
+{
+    memset(u, 0, sizeof *u);
+    u->s = s;
+    for (int i = 0; i < 2; i++) {
+        CUDA_CHECK(cudaMallocHost(&u->stage[i], STAGE_BYTES));
+        CUDA_CHECK(cudaEventCreateWithFlags(&u->done[i], cudaEventDisableTiming));
+    }
+    return 0;
+}
+
+static void up_free(uploader *u)
+{
+    (void)cudaStreamSynchronize(u->s);
+    for (int i = 0; i < 2; i++) {
+        if (u->stage[i]) cudaFreeHost(u->stage[i]);
+        if (u->done[i]) cudaEventDestroy(u->done[i]);
+    }
+}
+
+/* The next pinned buffer, once the copy that last used it has finished. */
+static void *up_next(uploader *u, char *err, size_t errlen)
+{
+    cudaError_t rc = cudaEventSynchronize(u->done[u->cur]);
+    if (rc != cudaSuccess) {
+        dol_set_err(err, errlen, "cuda: weight upload failed: %s", cudaGetErrorString(rc));
+        return NULL;
+    }
+    return u->stage[u->cur];
+}
+
+static int up_send(uploader *u, void *dst, size_t bytes, char *err, size_t errlen)
+{
+    CUDA_CHECK(cudaMemcpyAsync(dst, u->stage[u->cur], bytes, cudaMemcpyHostToDevice, u->s));
+    CUDA_CHECK(cudaEventRecord(u->done[u->cur], u->s));
+    u->cur ^= 1;
+    return 0;
+}
+
+/* All rows x cols elements of t, as FP16, to dst. */
+static int up_f16(uploader *u, dol_f16 *dst, const dol_tensor *t, char *err, size_t errlen)
+{
+    const int64_t n = t->rows * t->cols, chunk = (int64_t)(STAGE_BYTES / sizeof(uint16_t));
+    for (int64_t off = 0; off < n; off += chunk) {
+        const int64_t m = n - off < chunk ? n - off : chunk;
+        uint16_t *h = up_next(u, err, errlen);
+        if (!h) return -1;
+        if (t->dtype == DOL_DTYPE_F16) {
+            memcpy(h, (const uint16_t *)t->data + off, (size_t)m * sizeof(uint16_t));
+        } else if (t->dtype == DOL_DTYPE_F32) {
+            const float *s = (const float *)t->data + off;
+            for (int64_t i = 0; i < m; i++) h[i] = dol_f32_to_f16(s[i]);
+        } else {
+            const uint16_t *s = (const uint16_t *)t->data + off;
+            for (int64_t i = 0; i < m; i++) h[i] = dol_f32_to_f16(dol_bf16_to_f32(s[i]));
+        }
+        if (up_send(u, dst + off, (size_t)m * sizeof(uint16_t), err, errlen)) return -1;
+    }
+    return 0;
+}
+
+/* A norm vector ([1, n]) as FP32. */
+static int up_f32(uploader *u, float *dst, const dol_tensor *t, char *err, size_t errlen)
+{
+    const int64_t n = t->rows * t->cols;
+    if ((size_t)n * sizeof(float) > STAGE_BYTES) {
+        dol_set_err(err, errlen, "cuda: norm vector of %lld values is too large", (long long)n);
+        return -1;
+    }
+    float *h = up_next(u, err, errlen);
+    if (!h) return -1;
+    dol_cpu_to_f32(h, t->data, t->dtype, n);
+    return up_send(u, dst, (size_t)n * sizeof(float), err, errlen);
+}
+
+/* ---- sizing ------------------------------------------------------------- */
+
+static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+static size_t linear_weight_bytes(const dol_model *m)
+{
+    const dol_model_config *c = &m->cfg;
+    const size_t d = (size_t)c->hidden_size, f = (size_t)c->intermediate_size;
+    const size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
+    size_t per_layer = ((q + 2 * kv) * d + d * q + 2 * f * d + d * f) * sizeof(dol_f16) +
+                       2 * d * sizeof(float);
+    size_t b = per_layer * (size_t)c->n_layers;
+    b += (size_t)c->vocab_size * d * sizeof(dol_f16); /* embedding */
+    if (m->lm_head.data != m->embed.data) b += (size_t)c->vocab_size * d * sizeof(dol_f16);
+    b += d * sizeof(float); /* final norm */
+    return b;
+}
+
+/* Offsets of the metadata arrays (int32 units, each 16-byte aligned). */
+static void plan_meta(cuda_engine *e)
+{
+    size_t o = 0;
+    e->off_id = o;     o += align_up((size_t)e->max_T, 4);
+    e->off_pos = o;    o += align_up((size_t)e->max_T, 4);
+    e->off_item = o;   o += align_up((size_t)e->max_T, 4);
+    e->off_lrow = o;   o += align_up((size_t)e->max_T, 4);
+    e->off_dec = o;    o += align_up((size_t)e->max_items, 4);
+    e->off_tiles = o;  o += 4 * (size_t)e->max_tiles;
+    e->off_tables = o; o += (size_t)e->max_items * e->max_blocks;
+    e->meta_n = o;
+}
+
+static size_t workspace_bytes(const cuda_engine *e)
+{
+    const size_t T = (size_t)e->max_T;
+    size_t b = 0;
+    b += 2 * T * e->d * sizeof(float);                  /* x, dx */
+    b += T * e->qkv_dim * sizeof(float);                /* qkv */
+    b += T * 2 * (size_t)e->f * sizeof(float);          /* gu */
+    b += (size_t)e->logit_chunk * e->V * sizeof(float); /* logits */
+    b += dol_cuda_attention_decode_part_floats(e->max_items, e->c.n_heads, e->hd, e->n_splits) *
+         sizeof(float);
+    b += T * ((size_t)e->d + e->q_dim + e->f) * sizeof(dol_f16); /* xn, att, hbuf */
+    b += BLAS_WS_BYTES;
+    b += e->meta_n * sizeof(int32_t);
+    b += 2 * (size_t)e->ctx * (e->hd / 2) * sizeof(float); /* RoPE tables */
+    b += (size_t)16 * 256;                                 /* allocation rounding */
+    return b;
+}
+
+/* ---- create / destroy ------------------------------------------------------ */
+
+static void cuda_destroy(void *impl);
+
+static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_t errlen)
+{
+    const dol_model_config *c = &e->c;
+    const size_t d = (size_t)e->d, f = (size_t)e->f;
+    e->L = calloc((size_t)c->n_layers, sizeof *e->L);
+    if (!e->L) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
+    for (int l = 0; l < c->n_layers; l++) {
+        cu_layer *w = &e->L[l];
+        if (dalloc(e, &w->attn_norm, d * sizeof(float), "weights", err, errlen) ||
+            dalloc(e, &w->ffn_norm, d * sizeof(float), "weights", err, errlen) ||
+            dalloc(e, &w->wqkv, (size_t)e->qkv_dim * d * sizeof(dol_f16), "weights", err, errlen) ||
+            dalloc(e, &w->wo, d * e->q_dim * sizeof(dol_f16), "weights", err, errlen) ||
+            dalloc(e, &w->wgu, 2 * f * d * sizeof(dol_f16), "weights", err, errlen) ||
+            dalloc(e, &w->wdown, d * f * sizeof(dol_f16), "weights", err, errlen))
+            return -1;
+    }
+    if (dalloc(e, &e->embed, (size_t)e->V * d * sizeof(dol_f16), "weights", err, errlen) ||
+        dalloc(e, &e->final_norm, d * sizeof(float), "weights", err, errlen))
+        return -1;
+    bool tied = m->lm_head.data == m->embed.data;
+    if (tied) e->lm_head = e->embed;
+    else if (dalloc(e, &e->lm_head, (size_t)e->V * d * sizeof(dol_f16), "weights", err, errlen))
+        return -1;
+
+    const size_t T = (size_t)e->max_T;
+    if (dalloc(e, &e->x, T * d * sizeof(float), "workspaces", err, errlen) ||
+        dalloc(e, &e->dx, T * d * sizeof(float), "workspaces", err, errlen) ||
+        dalloc(e, &e->qkv, T * e->qkv_dim * sizeof(float), "workspaces", err, errlen) ||
+        dalloc(e, &e->gu, T * 2 * f * sizeof(float), "workspaces", err, errlen) ||
+        dalloc(e, &e->logits, (size_t)e->logit_chunk * e->V * sizeof(float), "workspaces", err, errlen) ||
+        dalloc(e, &e->part,
+               dol_cuda_attention_decode_part_floats(e->max_items, c->n_heads, e->hd, e->n_splits) *
+                   sizeof(float), "workspaces", err, errlen) ||
+        dalloc(e, &e->xn, T * d * sizeof(dol_f16), "workspaces", err, errlen) ||
+        dalloc(e, &e->att, T * e->q_dim * sizeof(dol_f16), "workspaces", err, errlen) ||
+        dalloc(e, &e->hbuf, T * f * sizeof(dol_f16), "workspaces", err, errlen) ||
+        dalloc(e, &e->blas_ws, BLAS_WS_BYTES, "workspaces", err, errlen) ||
+        dalloc(e, &e->meta_d, e->meta_n * sizeof(int32_t), "workspaces", err, errlen) ||
+        dalloc(e, &e->rope_cos, (size_t)e->ctx * (e->hd / 2) * sizeof(float), "workspaces", err, errlen) ||
+        dalloc(e, &e->rope_sin, (size_t)e->ctx * (e->hd / 2) * sizeof(float), "workspaces", err, errlen))
+        return -1;
+    CUBLAS_CHECK(cublasSetWorkspace(e->blas, e->blas_ws, BLAS_WS_BYTES));
+    CUDA_CHECK(cudaMallocHost((void **)&e->meta_h, e->meta_n * sizeof(int32_t)));
+    CUDA_CHECK(cudaMallocHost((void **)&e->logits_h, (size_t)e->logit_chunk * e->V * sizeof(float)));
+    memset(e->meta_h, 0, e->meta_n * sizeof(int32_t));
+
+    size_t kv_bytes = (size_t)e->n_blocks * (size_t)e->block_elems * sizeof(dol_f16);
+    if (dalloc(e, &e->kv_pool, kv_bytes, "the KV cache", err, errlen)) return -1;
+    CUDA_CHECK(cudaMemsetAsync(e->kv_pool, 0, kv_bytes, e->stream));
+
+    /* RoPE tables, angles in double: theta^(-2i/head_dim) * pos (as cpu_engine.c) */
+    const int half = e->hd / 2;
+    float *cs = malloc(sizeof(float) * (size_t)e->ctx * half);
+    float *sn = malloc(sizeof(float) * (size_t)e->ctx * half);
+    if (!cs || !sn) {
+        free(cs);
+        free(sn);
+        dol_set_err(err, errlen, "engine: out of memory");
+        return -1;
+    }
+    for (int pos = 0; pos < e->ctx; pos++)
+        for (int i = 0; i < half; i++) {
+            double inv = pow((double)c->rope_theta, -2.0 * i / e->hd);
+            double a = pos * inv;
+            cs[(size_t)pos * half + i] = (float)cos(a);
+            sn[(size_t)pos * half + i] = (float)sin(a);
+        }
+    cudaError_t rc1 = cudaMemcpy(e->rope_cos, cs, sizeof(float) * (size_t)e->ctx * half, cudaMemcpyHostToDevice);
+    cudaError_t rc2 = cudaMemcpy(e->rope_sin, sn, sizeof(float) * (size_t)e->ctx * half, cudaMemcpyHostToDevice);
+    free(cs);
+    free(sn);
+    CUDA_CHECK(rc1);
+    CUDA_CHECK(rc2);
+
+    /* weights: q/k/v rows into one matrix, gate/up rows into another */
+    uploader u;
+    int rc = up_init(&u, e->stream, err, errlen);
+    for (int l = 0; rc == 0 && l < c->n_layers; l++) {
+        const dol_layer_weights *s = &m->layers[l];
+        cu_layer *w = &e->L[l];
+        rc = up_f32(&u, w->attn_norm, &s->attn_norm, err, errlen) ||
+             up_f32(&u, w->ffn_norm, &s->ffn_norm, err, errlen) ||
+             up_f16(&u, w->wqkv, &s->q, err, errlen) ||
+             up_f16(&u, w->wqkv + (size_t)e->q_dim * d, &s->k, err, errlen) ||
+             up_f16(&u, w->wqkv + ((size_t)e->q_dim + e->kv_dim) * d, &s->v, err, errlen) ||
+             up_f16(&u, w->wo, &s->o, err, errlen) ||
+             up_f16(&u, w->wgu, &s->gate, err, errlen) ||
+             up_f16(&u, w->wgu + f * d, &s->up, err, errlen) ||
+             up_f16(&u, w->wdown, &s->down, err, errlen) ? -1 : 0;
+    }
+    if (rc == 0) rc = up_f16(&u, e->embed, &m->embed, err, errlen);
+    if (rc == 0 && !tied) rc = up_f16(&u, e->lm_head, &m->lm_head, err, errlen);
+    if (rc == 0) rc = up_f32(&u, e->final_norm, &m->final_norm, err, errlen);
+    up_free(&u);
+    if (rc) return -1;
+    CUDA_CHECK(cudaDeviceSynchronize()); /* every upload and memset done */
+    return 0;
+}
+
+static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, int bs,
+                       int *n_blocks, void **out, char *err, size_t errlen)
+{
+    const dol_model_config *c = &m->cfg;
+    if (p->weights != DOL_WEIGHTS_AUTO && p->weights != DOL_WEIGHTS_F16) {
+        dol_set_err(err, errlen, "weights: the CUDA backend holds weights in f16 only (use "
+                                 "weights: f16 or auto, or backend: cpu)");
+        return -1;
+    }
+    if (c->head_dim % 8 != 0 || c->head_dim > DOL_CUDA_MAX_HEAD_DIM) {
+        dol_set_err(err, errlen, "cuda: head_dim %d is not supported (a multiple of 8, at most %d)",
+                    c->head_dim, DOL_CUDA_MAX_HEAD_DIM);
+        return -1;
+    }
+    double frac = p->gpu_memory_fraction > 0 ? p->gpu_memory_fraction : 0.90;
+    if (frac > 1.0) {
+        dol_set_err(err, errlen, "gpu_memory_fraction: %.3f is not in (0, 1]", frac);
+        return -1;
+    }
+    cuda_engine *e = calloc(1, sizeof *e);
+    if (!e) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
+    e->c = *c;
+    e->dev = 0;
+    e->d = c->hidden_size;
+    e->f = c->intermediate_size;
+    e->hd = c->head_dim;
+    e->q_dim = c->n_heads * c->head_dim;
+    e->kv_dim = c->n_kv_heads * c->head_dim;
+    e->qkv_dim = e->q_dim + 2 * e->kv_dim;
+    e->V = c->vocab_size;
+    e->ctx = ctx;
+    e->bs = bs;
+    e->scale = 1.0f / sqrtf((float)c->head_dim);
+    e->max_T = p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048;
+    int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
+    e->max_items = max_seqs < e->max_T ? max_seqs : e->max_T;
+    e->logit_chunk = e->max_T < LOGIT_CHUNK ? e->max_T : LOGIT_CHUNK;
+    e->max_blocks = (ctx + bs - 1) / bs;
+    e->max_tiles = e->max_T / DOL_CUDA_PREFILL_BQ + e->max_items;
+    e->split_len = SPLIT_LEN_MIN;
+    if ((ctx + e->split_len - 1) / e->split_len > SPLITS_MAX)
+        e->split_len = (int)align_up((size_t)((ctx + SPLITS_MAX - 1) / SPLITS_MAX), 32);
+    e->n_splits = (ctx + e->split_len - 1) / e->split_len;
+    e->block_elems = (int64_t)c->n_layers * 2 * bs * e->kv_dim;
+    plan_meta(e);
+    const char *g = getenv("DOLPHIN_CUDA_GRAPHS");
+    e->graphs_on = !(g && strcmp(g, "0") == 0);
+    e->graph = calloc((size_t)e->max_items + 1, sizeof *e->graph);
+    e->seen = calloc((size_t)e->max_items + 1, 1);
+    if (!e->graph || !e->seen) {
+        dol_set_err(err, errlen, "engine: out of memory");
+        goto fail;
+    }
+
+    /* context, stream and cuBLAS first: what they take counts as in use */
+    {
+        cudaError_t rc = cudaSetDevice(e->dev);
+        if (rc == cudaSuccess) rc = cudaFree(NULL);
+        if (rc == cudaSuccess) rc = cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking);
+        if (rc != cudaSuccess) {
+            dol_set_err(err, errlen, "cuda: cannot initialise device %d: %s", e->dev, cudaGetErrorString(rc));
+            goto fail;
+        }
+        g_cuda_dev = e->dev;
+        cublasStatus_t bs_rc = cublasCreate(&e->blas);
+        if (bs_rc != CUBLAS_STATUS_SUCCESS) {
+            e->blas = NULL;
+            dol_set_err(err, errlen, "cublas: cannot create a handle: %s", cublasGetStatusString(bs_rc));
+            goto fail;
+        }
+        if (cublasSetStream(e->blas, e->stream) != CUBLAS_STATUS_SUCCESS) {
+            dol_set_err(err, errlen, "cublas: cannot set the stream");
+            goto fail;
+        }
+    }
+
+    /* Memory budget: Dolphin may bring the device's use up to
+     * gpu_memory_fraction of its total, what is already in use (this
+     * context, other processes) included, less RESERVE_BYTES kept for the
+     * runtime. Weights and workspaces first, the KV pool from the rest. */
+    size_t free0 = 0, total = 0;
+    {
+        cudaError_t rc = cudaMemGetInfo(&free0, &total);
+        if (rc != cudaSuccess) {
+            dol_set_err(err, errlen, "cuda: cudaMemGetInfo failed: %s", cudaGetErrorString(rc));
+            goto fail;
+        }
+    }
+    const double in_use = (double)(total - free0);
+    const double avail = frac * (double)total - in_use - (double)RESERVE_BYTES;
+    e->weight_bytes = linear_weight_bytes(m);
+    const double fixed = (double)e->weight_bytes + (double)workspace_bytes(e);
+    const size_t block_bytes = (size_t)e->block_elems * sizeof(dol_f16);
+    if (fixed > avail) {
+        dol_set_err(err, errlen,
+                    "cuda: model %s does not fit: weights %.0f MiB + workspaces %.0f MiB need "
+                    "%.0f MiB, but gpu_memory_fraction %.2f of %.0f MiB leaves %.0f MiB (%.0f MiB "
+                    "already in use, %.0f MiB kept for the runtime): short by %.0f MiB",
+                    m->name, MIB(e->weight_bytes), MIB(fixed - (double)e->weight_bytes), MIB(fixed),
+                    frac, MIB(total), MIB(avail > 0 ? avail : 0), MIB(in_use), MIB(RESERVE_BYTES),
+                    MIB(fixed - avail));
+        goto fail;
+    }
+    int64_t blocks = *n_blocks;
+    const double room = avail - fixed;
+    if (blocks > 0) {
+        if ((double)blocks * (double)block_bytes > room) {
+            dol_set_err(err, errlen,
+                        "kv_cache: %lld blocks of %d tokens (%.0f MiB) do not fit: after weights "
+                        "and workspaces, gpu_memory_fraction %.2f leaves %.0f MiB: short by %.0f MiB",
+                        (long long)blocks, bs, MIB((double)blocks * block_bytes), frac, MIB(room),
+                        MIB((double)blocks * block_bytes - room));
+            goto fail;
+        }
+    } else {
+        /* all that fits, up to max_seqs full contexts (more is never used) */
+        blocks = (int64_t)(room / (double)block_bytes);
+        int64_t useful = (int64_t)max_seqs * e->max_blocks;
+        if (blocks > useful) blocks = useful;
+        if (blocks < e->max_blocks) {
+            dol_set_err(err, errlen,
+                        "kv_cache: one full context of %d tokens needs %.0f MiB of KV cache, but "
+                        "gpu_memory_fraction %.2f leaves %.0f MiB after weights and workspaces: "
+                        "short by %.0f MiB",
+                        ctx, MIB((double)e->max_blocks * block_bytes), frac, MIB(room),
+                        MIB((double)e->max_blocks * block_bytes - room));
+            goto fail;
+        }
+        if (blocks > INT32_MAX / 2) blocks = INT32_MAX / 2;
+    }
+    e->n_blocks = (int)blocks;
+    if (alloc_and_upload(e, m, err, errlen) != 0) goto fail;
+    dol_log(DOL_LOG_INFO, "cuda_ready",
+            "device=%d weights_mib=%.0f workspace_mib=%.0f kv_blocks=%d kv_mib=%.0f budget_mib=%.0f "
+            "graphs=%d",
+            e->dev, MIB(e->weight_bytes), MIB(workspace_bytes(e)), e->n_blocks,
+            MIB((double)e->n_blocks * block_bytes), MIB(frac * (double)total), e->graphs_on ? 1 : 0);
+    *n_blocks = e->n_blocks;
+    *out = e;
+    return 0;
+fail:
+    cuda_destroy(e);
+    return -1;
+}
+
+static void cuda_destroy(void *impl)
+{
+    cuda_engine *e = impl;
+    if (!e) return;
+    (void)cudaSetDevice(e->dev);
+    if (e->stream) (void)cudaStreamSynchronize(e->stream);
+    if (e->graph)
+        for (int b = 0; b <= e->max_items; b++)
+            if (e->graph[b]) cudaGraphExecDestroy(e->graph[b]);
+    if (e->blas) cublasDestroy(e->blas);
+    for (int i = 0; i < e->n_allocs; i++) cudaFree(e->allocs[i]);
+    if (e->meta_h) cudaFreeHost(e->meta_h);
+    if (e->logits_h) cudaFreeHost(e->logits_h);
+    if (e->stream) cudaStreamDestroy(e->stream);
+    (void)cudaGetLastError();
+    free(e->allocs);
+    free(e->L);
+    free(e->graph);
+    free(e->seen);
+    free(e);
+}
+
+static size_t cuda_weight_bytes(void *impl) { return ((cuda_engine *)impl)->weight_bytes; }
+
+static size_t cuda_kv_bytes_per_token(void *impl)
+{
+    cuda_engine *e = impl;
+    return (size_t)e->c.n_layers * 2 * (size_t)e->kv_dim * sizeof(dol_f16);
+}
+
+/* The whole device as cudaMemGetInfo sees it (other processes included). */
+static int cuda_memory_info(void *impl, size_t *used, size_t *total)
+{
+    cuda_engine *e = impl;
+    size_t fr = 0, tot = 0;
+    if (cudaSetDevice(e->dev) != cudaSuccess || cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    *used = tot - fr;
+    *total = tot;
+    return 0;
+}
+
+static dol_cuda_kv kv_view(const cuda_engine *e, int layer)
+{
+    dol_cuda_kv kv = { e->kv_pool, e->block_elems, layer, e->bs, e->kv_dim,
+                       e->meta_d + e->off_tables, e->max_blocks };
+    return kv;
+}
+
+/* Asynchronous on the engine's stream, so ordered before the next forward;
+ * a failure is kept and reported by that forward (the call returns void). */
+static void cuda_copy_block(void *impl, int32_t src, int32_t dst, int rows)
+{
+    cuda_engine *e = impl;
+    cudaError_t rc = cudaSetDevice(e->dev);
+    if (rc == cudaSuccess) {
+        dol_cuda_kv kv = kv_view(e, 0);
+        rc = dol_cuda_kv_copy_block(&kv, e->c.n_layers, src, dst, rows, e->stream);
+    }
+    if (rc != cudaSuccess && !e->deferred[0])
+        snprintf(e->deferred, sizeof e->deferred, "cuda: KV block copy %d -> %d failed: %s", src, dst,
+                 cudaGetErrorString(rc));
+}
+
+/* ---- the forward pass ------------------------------------------------------ */
+
+/* out[T][N] = x[T][K] . W[N][K]^T: FP16 inputs, FP32 accumulation and output.
+ * Row-major out is column-major out^T = W^T(N x K) . x^T(K x T). */
+static int gemm(cuda_engine *e, float *out, const dol_f16 *x, int T, int K, const dol_f16 *W, int N,
+                char *err, size_t errlen)
+{
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16F, K,
+                              x, CUDA_R_16F, K, &beta, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+/* Enqueue one step over the metadata already in meta_d: T token rows, n_dec
+ * of them decode tokens, n_tiles prefill tiles, R rows of logits (the first
+ * min(R, logit_chunk) through lm_head). Only device work on e->stream, so it
+ * can be captured into a graph. */
+static int enqueue_step(cuda_engine *e, int T, int n_dec, int n_tiles, int R, char *err,
+                        size_t errlen)
+{
+    const dol_model_config *c = &e->c;
+    cudaStream_t s = e->stream;
+    const int32_t *md = e->meta_d;
+    const int32_t *ids = md + e->off_id, *pos = md + e->off_pos, *item = md + e->off_item;
+    const int d = e->d, f = e->f;
+    CUDA_CHECK(dol_cuda_embedding(e->x, e->embed, ids, T, d, s));
+    for (int l = 0; l < c->n_layers; l++) {
+        const cu_layer *w = &e->L[l];
+        const dol_cuda_kv kv = kv_view(e, l);
+        /* attention block (the previous layer's MLP output joins the residual here) */
+        CUDA_CHECK(dol_cuda_rmsnorm_residual(e->xn, e->x, l > 0 ? e->dx : NULL, w->attn_norm, NULL, T, d,
+                                             c->rms_norm_eps, s));
+        if (gemm(e, e->qkv, e->xn, T, d, w->wqkv, e->qkv_dim, err, errlen)) return -1;
+        CUDA_CHECK(dol_cuda_rope(e->qkv, e->qkv_dim, pos, T, c->n_heads, c->n_kv_heads, e->hd,
+                                 e->rope_cos, e->rope_sin, s));
+        CUDA_CHECK(dol_cuda_kv_write(kv, e->qkv, e->qkv_dim, e->q_dim, e->q_dim + e->kv_dim, pos, item, T, s));
+        CUDA_CHECK(dol_cuda_attention_decode(e->att, e->q_dim, e->qkv, e->qkv_dim, md + e->off_dec, n_dec,
+                                             pos, item, c->n_heads, c->n_kv_heads, e->hd, e->scale, kv,
+                                             e->part, e->n_splits, e->split_len, s));
+        CUDA_CHECK(dol_cuda_attention_prefill(e->att, e->q_dim, e->qkv, e->qkv_dim, md + e->off_tiles,
+                                              n_tiles, c->n_heads, c->n_kv_heads, e->hd, e->scale, kv, s));
+        if (gemm(e, e->dx, e->att, T, e->q_dim, w->wo, d, err, errlen)) return -1;
+        /* MLP block */
+        CUDA_CHECK(dol_cuda_rmsnorm_residual(e->xn, e->x, e->dx, w->ffn_norm, NULL, T, d,
+                                             c->rms_norm_eps, s));
+        if (gemm(e, e->gu, e->xn, T, d, w->wgu, 2 * f, err, errlen)) return -1;
+        CUDA_CHECK(dol_cuda_silu_mul(e->hbuf, e->gu, T, f, s));
+        if (gemm(e, e->dx, e->hbuf, T, f, w->wdown, d, err, errlen)) return -1;
+    }
+    if (R > 0) { /* final norm of the rows that want logits, into xn rows 0..R-1 */
+        CUDA_CHECK(dol_cuda_rmsnorm_residual(e->xn, e->x, e->dx, e->final_norm, md + e->off_lrow, R, d,
+                                             c->rms_norm_eps, s));
+        int nr = R < e->logit_chunk ? R : e->logit_chunk;
+        if (gemm(e, e->logits, e->xn, nr, d, e->lm_head, e->V, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+/* Capture a decode-only step of B sequences (T = R = B) as a graph. */
+static int capture_decode(cuda_engine *e, int B, char *err, size_t errlen)
+{
+    cudaGraph_t g = NULL;
+    CUDA_CHECK(cudaStreamBeginCapture(e->stream, cudaStreamCaptureModeThreadLocal));
+    int rc = enqueue_step(e, B, B, 0, B, err, errlen);
+    cudaError_t end = cudaStreamEndCapture(e->stream, &g);
+    if (rc == 0 && end != cudaSuccess) {
+        dol_set_err(err, errlen, "cudaStreamEndCapture: %s", cudaGetErrorString(end));
+        rc = -1;
+    }
+    if (rc == 0) {
+        cudaError_t ie = cudaGraphInstantiate(&e->graph[B], g, 0);
+        if (ie != cudaSuccess) {
+            e->graph[B] = NULL;
+            dol_set_err(err, errlen, "cudaGraphInstantiate: %s", cudaGetErrorString(ie));
+            rc = -1;
+        }
+    }
+    if (g) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    return rc;
+}
+
+static int forward_inner(cuda_engine *e, const dol_forward_args *a, char *err, size_t errlen)
+{
+    const int T = a->T, n_items = a->n_items;
+    if (T > e->max_T || n_items > e->max_items) {
+        dol_set_err(err, errlen, "forward: %d tokens of %d sequences exceed the workspaces (%d, %d)",
+                    T, n_items, e->max_T, e->max_items);
+        return -1;
+    }
+    /* metadata on the host (pinned): free, since the previous call synchronised */
+    int32_t *mh = e->meta_h;
+    int n_dec = 0, n_tiles = 0, R = 0, t0 = 0;
+    bool decode_only = true;
+    for (int i = 0; i < n_items; i++) {
+        const dol_batch_item *it = &a->items[i];
+        const dol_kv_seq *sq = &a->kv->seqs[it->seq];
+        const int n = it->n_tokens;
+        if (sq->n_blocks > e->max_blocks || t0 + n > T) {
+            dol_set_err(err, errlen, "forward: sequence %d: inconsistent block table", it->seq);
+            return -1;
+        }
+        memcpy(mh + e->off_tables + (size_t)i * e->max_blocks, sq->table, sizeof(int32_t) * (size_t)sq->n_blocks);
+        for (int k = 0; k < n; k++) {
+            mh[e->off_id + t0 + k] = a->tok_id[t0 + k];
+            mh[e->off_pos + t0 + k] = a->tok_pos[t0 + k];
+            mh[e->off_item + t0 + k] = i;
+        }
+        if (n == 1) {
+            mh[e->off_dec + n_dec++] = t0;
+        } else {
+            decode_only = false;
+            for (int q0 = 0; q0 < n; q0 += DOL_CUDA_PREFILL_BQ) {
+                int32_t *tl = mh + e->off_tiles + 4 * (size_t)n_tiles++;
+                tl[0] = i;
+                tl[1] = t0 + q0;
+                tl[2] = n - q0 < DOL_CUDA_PREFILL_BQ ? n - q0 : DOL_CUDA_PREFILL_BQ;
+                tl[3] = it->start_pos + q0;
+            }
+        }
+        for (int k = n - it->n_logits; k < n; k++) mh[e->off_lrow + R++] = t0 + k;
+        if (it->n_logits != 1) decode_only = false;
+        t0 += n;
+    }
+    size_t meta_used = e->off_tables + (size_t)n_items * e->max_blocks;
+    CUDA_CHECK(cudaMemcpyAsync(e->meta_d, mh, meta_used * sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
+
+    /* decode-only steps: eager the first time a batch size is seen (cuBLAS
+     * picks and loads its kernels), captured the second, replayed after */
+    bool launched = false;
+    if (e->graphs_on && decode_only && n_items <= e->logit_chunk) {
+        const int B = n_items;
+        if (!e->graph[B] && e->seen[B]) {
+            char gerr[DOL_ERR_LEN], q[DOL_ERR_LEN];
+            if (capture_decode(e, B, gerr, sizeof gerr) != 0) {
+                e->graphs_on = false;
+                dol_log(DOL_LOG_WARN, "cuda_graphs_disabled", "batch=%d reason=%s", B,
+                        dol_log_quote(gerr, q, sizeof q));
+            }
+        }
+        e->seen[B] = 1;
+        if (e->graph[B]) {
+            CUDA_CHECK(cudaGraphLaunch(e->graph[B], e->stream));
+            launched = true;
+        }
+    }
+    if (!launched && enqueue_step(e, T, n_dec, n_tiles, R, err, errlen) != 0) return -1;
+
+    /* logits back to the callers' rows, logit_chunk rows at a time */
+    const int V = e->V;
+    int item = 0, item_row = 0;
+    for (int r0 = 0; r0 < R; r0 += e->logit_chunk) {
+        const int nr = R - r0 < e->logit_chunk ? R - r0 : e->logit_chunk;
+        if (r0 > 0 && gemm(e, e->logits, e->xn + (size_t)r0 * e->d, nr, e->d, e->lm_head, V, err, errlen))
+            return -1;
+        CUDA_CHECK(cudaMemcpyAsync(e->logits_h, e->logits, sizeof(float) * (size_t)nr * V,
+                                   cudaMemcpyDeviceToHost, e->stream));
+        CUDA_CHECK(cudaStreamSynchronize(e->stream));
+        for (int r = 0; r < nr; r++) {
+            while (item_row >= a->items[item].n_logits) { item++; item_row = 0; }
+            memcpy(a->items[item].logits + (size_t)item_row * V, e->logits_h + (size_t)r * V,
+                   sizeof(float) * (size_t)V);
+            item_row++;
+        }
+    }
+    if (R == 0) CUDA_CHECK(cudaStreamSynchronize(e->stream));
+    return 0;
+}
+
+static int cuda_forward(void *impl, const dol_forward_args *a, char *err, size_t errlen)
+{
+    cuda_engine *e = impl;
+    if (e->deferred[0]) {
+        dol_set_err(err, errlen, "%s", e->deferred);
+        return -1;
+    }
+    CUDA_CHECK(cudaSetDevice(e->dev)); /* the scheduler thread is not the one that created us */
+    int rc = forward_inner(e, a, err, errlen);
+    if (rc != 0) (void)cudaStreamSynchronize(e->stream); /* nothing left reading meta_h */
+    return rc;
+}
+
+const dol_backend_ops dol_cuda_backend = {
+    .name = "cuda",
+    .create = cuda_create,
+    .destroy = cuda_destroy,
+    .forward = cuda_forward,
+    .copy_block = cuda_copy_block,
+    .weight_bytes = cuda_weight_bytes,
+    .kv_bytes_per_token = cuda_kv_bytes_per_token,
+    .memory_info = cuda_memory_info,
+};
+
+bool dol_cuda_device_usable(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess ||
+        major * 10 + minor < 75 || cudaSetDevice(0) != cudaSuccess ||
+        dol_cuda_kernels_loadable() != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
+/* ---- NVML, loaded at run time ------------------------------------------------ */
+
+typedef struct nvml_device_st *nvml_device;
+typedef struct {
+    unsigned int gpu, memory;
+} nvml_utilization;
+
+static struct {
+    pthread_once_t once;
+    pthread_mutex_t mu;
+    bool ok, have_dev;
+    int (*init)(void);
+    int (*by_bus_id)(const char *, nvml_device *);
+    int (*utilization)(nvml_device, nvml_utilization *);
+    nvml_device dev;
+} g_nvml = { PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, false, false, NULL, NULL, NULL, NULL };
+
+static void nvml_load(void)
+{
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    /* POSIX: dlsym's result converts to a function pointer through its bytes */
+    void *f1 = dlsym(lib, "nvmlInit_v2");
+    void *f2 = dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+    void *f3 = dlsym(lib, "nvmlDeviceGetUtilizationRates");
+    memcpy(&g_nvml.init, &f1, sizeof f1);
+    memcpy(&g_nvml.by_bus_id, &f2, sizeof f2);
+    memcpy(&g_nvml.utilization, &f3, sizeof f3);
+    if (!g_nvml.init || !g_nvml.by_bus_id || !g_nvml.utilization || g_nvml.init() != 0) {
+        dlclose(lib);
+        return;
+    }
+    g_nvml.ok = true; /* the library stays loaded for the life of the process */
+}
+
+int dol_cuda_utilization(int *percent)
+{
+    pthread_once(&g_nvml.once, nvml_load);
+    if (!g_nvml.ok) return -1;
+    int rc = -1;
+    pthread_mutex_lock(&g_nvml.mu);
+    if (!g_nvml.have_dev) {
+        char bus[64];
+        if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, g_cuda_dev) == cudaSuccess &&
+            g_nvml.by_bus_id(bus, &g_nvml.dev) == 0)
+            g_nvml.have_dev = true;
+        else
+            (void)cudaGetLastError();
+    }
+    nvml_utilization u;
+    if (g_nvml.have_dev && g_nvml.utilization(g_nvml.dev, &u) == 0) {
+        *percent = (int)u.gpu;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&g_nvml.mu);
+    return rc;
+}
+
+#endif /* DOLPHIN_HAVE_CUDA */

@@ -1,0 +1,188 @@
+/* src/engine/nf4.c — NF4 quantization at load time and dequantization (the
+ * layout and the scheme are described in nf4.h). */
+#include "engine/nf4.h"
+
+#include <math.h>
+#include <stdatomic.h>
+
+#include "dolphin/common.h"
+
+/* QLoRA (Dettmers et al. 2023, arXiv:2305.14314), Appendix E: the NF4 data
+ * type. 2^3 positive quantiles of N(0,1) and 2^3 - 1 negative ones (plus an
+ * exact zero), normalized to [-1, 1]; the values bitsandbytes ships. */
+#define NF4_L0 -1.0f
+#define NF4_L1 -0.6961928009986877f
+#define NF4_L2 -0.5250730514526367f
+#define NF4_L3 -0.39491748809814453f
+#define NF4_L4 -0.28444138169288635f
+#define NF4_L5 -0.18477343022823334f
+#define NF4_L6 -0.09105003625154495f
+#define NF4_L7 0.0f
+#define NF4_L8 0.07958029955625534f
+#define NF4_L9 0.16093020141124725f
+#define NF4_L10 0.24611230194568634f
+#define NF4_L11 0.33791524171829224f
+#define NF4_L12 0.44070982933044434f
+#define NF4_L13 0.5626170039176941f
+#define NF4_L14 0.7229568362236023f
+#define NF4_L15 1.0f
+
+const float dol_nf4_levels[16] = {
+    NF4_L0, NF4_L1, NF4_L2,  NF4_L3,  NF4_L4,  NF4_L5,  NF4_L6,  NF4_L7,
+    NF4_L8, NF4_L9, NF4_L10, NF4_L11, NF4_L12, NF4_L13, NF4_L14, NF4_L15,
+};
+
+/* Midpoints between adjacent levels, in float. */
+#define MID(a, b) (0.5f * ((a) + (b)))
+static const float NF4_MID[15] = {
+    MID(NF4_L0, NF4_L1),   MID(NF4_L1, NF4_L2),   MID(NF4_L2, NF4_L3),   MID(NF4_L3, NF4_L4),
+    MID(NF4_L4, NF4_L5),   MID(NF4_L5, NF4_L6),   MID(NF4_L6, NF4_L7),   MID(NF4_L7, NF4_L8),
+    MID(NF4_L8, NF4_L9),   MID(NF4_L9, NF4_L10),  MID(NF4_L10, NF4_L11), MID(NF4_L11, NF4_L12),
+    MID(NF4_L12, NF4_L13), MID(NF4_L13, NF4_L14), MID(NF4_L14, NF4_L15),
+};
+
+size_t dol_nf4_codes_bytes(int64_t rows, int64_t cols) { return (size_t)rows * (size_t)(cols / 2); }
+
+size_t dol_nf4_scales_bytes(int64_t rows, int64_t cols)
+{
+    return (size_t)rows * (size_t)((cols + DOL_NF4_BLOCK - 1) / DOL_NF4_BLOCK) * sizeof(uint16_t);
+}
+
+size_t dol_nf4_bytes(int64_t rows, int64_t cols)
+{
+    return dol_nf4_codes_bytes(rows, cols) + dol_nf4_scales_bytes(rows, cols);
+}
+
+int dol_nf4_check_cols(int64_t cols, const char *what, char *err, size_t errlen)
+{
+    if (cols > 0 && cols % 2 == 0) return 0;
+    dol_set_err(err, errlen,
+                "weights nf4: %s: in_features %lld is odd; NF4 packs two 4-bit codes per byte "
+                "and needs an even number of input features",
+                what, (long long)cols);
+    return -1;
+}
+
+/* The code is the number of midpoints strictly below x (a tie goes to the
+ * lower level); counting instead of searching keeps it branch-free, so the
+ * block loop below vectorizes. */
+uint8_t dol_nf4_nearest(float x)
+{
+    int code = 0;
+    for (int i = 0; i < 15; i++) code += x > NF4_MID[i];
+    return (uint8_t)code;
+}
+
+static inline float load_f32(const void *p, dol_dtype t, int64_t i)
+{
+    if (t == DOL_DTYPE_F16) return dol_f16_to_f32(((const uint16_t *)p)[i]);
+    if (t == DOL_DTYPE_BF16) return dol_bf16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+/* One block of n weights (n even, <= 64) -> its F16 scale and n/2 bytes.
+ * Returns -1 when a weight is NaN or the absmax overflows F16. */
+static int quantize_block(const void *src, dol_dtype t, int64_t base, int n,
+                          uint16_t *scale, uint8_t *codes)
+{
+    float w[DOL_NF4_BLOCK];
+    for (int i = 0; i < n; i++) w[i] = load_f32(src, t, base + i);
+    float absmax = 0.0f;
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(w[i]);
+        bad |= !(a <= 65504.0f); /* NaN, inf or beyond F16 */
+        absmax = a > absmax ? a : absmax;
+    }
+    if (bad) return -1;
+    uint16_t h = dol_f32_to_f16(absmax);
+    float s = dol_f16_to_f32(h);
+    if (isinf(s)) return -1;
+    *scale = h;
+    float x[DOL_NF4_BLOCK];
+    uint8_t q[DOL_NF4_BLOCK];
+    for (int i = 0; i < n; i++) {
+        x[i] = s > 0.0f ? w[i] / s : 0.0f;
+        q[i] = 0;
+    }
+    for (int m = 0; m < 15; m++) /* q[i] = dol_nf4_nearest(x[i]), 64 at a time */
+        for (int i = 0; i < n; i++) q[i] += x[i] > NF4_MID[m];
+    int half = n / 2;
+    for (int j = 0; j < half; j++) codes[j] = (uint8_t)(q[j] | (q[j + half] << 4));
+    return 0;
+}
+
+typedef struct {
+    const dol_tensor *src;
+    dol_nf4_matrix *dst;
+    int64_t rows_per_task;
+    atomic_int failed;
+} quant_job;
+
+static void quant_task(void *ctx, int task, int worker)
+{
+    (void)worker;
+    quant_job *j = ctx;
+    const dol_nf4_matrix *m = j->dst;
+    int64_t r0 = task * j->rows_per_task, r1 = r0 + j->rows_per_task;
+    if (r1 > m->rows) r1 = m->rows;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t b = 0; b < m->blocks_per_row; b++) {
+            int64_t k0 = b * DOL_NF4_BLOCK;
+            int n = m->cols - k0 < DOL_NF4_BLOCK ? (int)(m->cols - k0) : DOL_NF4_BLOCK;
+            if (quantize_block(j->src->data, j->src->dtype, r * m->cols + k0, n,
+                               &m->scales[r * m->blocks_per_row + b],
+                               &m->codes[r * (m->cols / 2) + k0 / 2]) != 0) {
+                atomic_store(&j->failed, 1);
+                return;
+            }
+        }
+}
+
+int dol_nf4_quantize(dol_pool *pool, const dol_tensor *src, dol_nf4_matrix *dst,
+                     const char *what, char *err, size_t errlen)
+{
+    if (dol_nf4_check_cols(src->cols, what, err, errlen) != 0) return -1;
+    dst->rows = src->rows;
+    dst->cols = src->cols;
+    dst->blocks_per_row = (src->cols + DOL_NF4_BLOCK - 1) / DOL_NF4_BLOCK;
+    quant_job j = { .src = src, .dst = dst };
+    atomic_init(&j.failed, 0);
+    /* tasks of about 64K weights: many per thread for balance */
+    int64_t rows = 65536 / src->cols;
+    if (rows < 1) rows = 1;
+    j.rows_per_task = rows;
+    int64_t tasks = (src->rows + rows - 1) / rows;
+    if (pool) {
+        dol_pool_run(pool, quant_task, &j, (int)tasks);
+    } else {
+        for (int64_t t = 0; t < tasks; t++) quant_task(&j, (int)t, 0);
+    }
+    if (atomic_load(&j.failed)) {
+        dol_set_err(err, errlen,
+                    "weights nf4: %s: a weight is NaN or beyond the F16 range (|w| > 65504); "
+                    "cannot quantize",
+                    what);
+        return -1;
+    }
+    return 0;
+}
+
+int dol_nf4_dequantize_block(const dol_nf4_matrix *m, int64_t r, int64_t b, float *out)
+{
+    int64_t k0 = b * DOL_NF4_BLOCK;
+    int n = m->cols - k0 < DOL_NF4_BLOCK ? (int)(m->cols - k0) : DOL_NF4_BLOCK;
+    float s = dol_f16_to_f32(m->scales[r * m->blocks_per_row + b]);
+    const uint8_t *c = &m->codes[r * (m->cols / 2) + k0 / 2];
+    for (int j = 0; j < n / 2; j++) {
+        out[j] = dol_nf4_levels[c[j] & 0xF] * s;
+        out[j + n / 2] = dol_nf4_levels[c[j] >> 4] * s;
+    }
+    return n;
+}
+
+void dol_nf4_dequantize_row(const dol_nf4_matrix *m, int64_t r, float *out)
+{
+    for (int64_t b = 0; b < m->blocks_per_row; b++)
+        dol_nf4_dequantize_block(m, r, b, out + b * DOL_NF4_BLOCK);
+}

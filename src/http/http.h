@@ -1,0 +1,162 @@
+/* src/http/http.h — private to src/http/: the server object, the per-request
+ * context, the registry that lets scheduler-thread callbacks find a live
+ * request context (or learn that it is gone), and the response helpers
+ * shared by the route handlers. */
+#ifndef DOLPHIN_HTTP_H
+#define DOLPHIN_HTTP_H
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include "api/api.h"
+#include "dolphin/config.h"
+#include "dolphin/model.h"
+#include "dolphin/scheduler.h"
+#include "dolphin/server.h"
+#include "dolphin/tokenizer.h"
+
+struct dol_server {
+    const dol_config *cfg;
+    struct MHD_Daemon *daemon;
+    int port;
+    atomic_int state;            /* dol_server_state */
+    atomic_int inflight;         /* submitted requests not yet completed */
+    bool stopping;               /* guarded by the registry lock */
+    int64_t started;             /* unix seconds, for /v1/models "created" */
+
+    pthread_mutex_t mu;          /* guards the attached objects below */
+    const dol_model *model;
+    const dol_tokenizer *tok;
+    dol_scheduler *sched;
+};
+
+/* What the handlers use of the attached objects, read under s->mu. */
+typedef struct {
+    const dol_model *model;
+    const dol_tokenizer *tok;
+    bool has_sched;
+    char name[256];              /* served model name */
+    int context_len;
+} dol_http_attached;
+void dol_http_attached_get(dol_server *s, dol_http_attached *a);
+/* The scheduler is only ever called through these, under s->mu, so that
+ * dol_server_attach(s, model, tok, NULL) detaches it safely before it is
+ * freed. stats: false when none is attached. submit: DRAINING when none. */
+bool dol_http_sched_stats(dol_server *s, dol_scheduler_stats *st);
+dol_submit_result dol_http_sched_submit(dol_server *s, dol_request *r, char *err,
+                                        size_t errlen);
+
+typedef enum {
+    PH_BODY = 0,     /* receiving the body */
+    PH_WAIT,         /* submitted, connection suspended until output */
+    PH_STREAM,       /* SSE response queued; the content reader runs */
+    PH_RESPONDED,    /* a complete response was queued */
+} dol_http_phase;
+
+#define DOL_HTTP_ROUTE_LEN 32
+
+/* Everything about one HTTP request; freed in the completed callback. */
+typedef struct dol_http_req {
+    dol_server *srv;
+    struct MHD_Connection *conn;
+    uint64_t handle;             /* registry handle, given to the scheduler */
+    char id[64];                 /* X-Request-Id */
+    char method[16];
+    char route[DOL_HTTP_ROUTE_LEN];
+    double t0_ms;
+    dol_http_phase phase;
+    int status;                  /* status of the queued response (0 = none) */
+
+    /* body */
+    char *body;
+    size_t body_len, body_cap;
+    bool too_large;
+    size_t discarded;
+
+    /* guarded by the registry lock */
+    bool suspended;              /* MHD has the connection suspended */
+    bool pending;                /* an event came while not suspended */
+
+    /* /v1/completions */
+    const dol_tokenizer *tok;
+    char model_name[256];
+    char cmpl_id[48];
+    int64_t created;
+    dol_request **reqs;          /* one per prompt */
+    int n_reqs;
+    int n;                       /* choices per prompt */
+    bool stream, include_usage, echo;
+    int logprobs;
+    char **echo_text;            /* per prompt, when echo */
+    int n_submitted;             /* reqs[0..n_submitted) are queued */
+    /* streaming progress, per choice (n_reqs * n entries) */
+    size_t *sent_text;
+    int *sent_lps;
+    bool *sent_finish;
+    bool echo_sent, stream_over;
+    char *out;                   /* SSE bytes not yet handed to MHD */
+    size_t out_len, out_off, out_cap;
+} dol_http_req;
+
+/* ---- registry (src/http/registry.c) ------------------------------------ */
+
+/* One process-wide lock guards the registry, every context's suspended /
+ * pending flags and each server's `stopping`. MHD_suspend_connection and
+ * MHD_resume_connection are only called with it held, so a resume is
+ * never lost and never hits a connection that is not suspended. */
+void dol_http_lock(void);
+void dol_http_unlock(void);
+/* Register a context: sets c->handle. -1 on OOM. */
+int dol_http_register(dol_http_req *c);
+/* Forget a context (takes the lock); handles to it resolve to NULL after. */
+void dol_http_unregister(dol_http_req *c);
+/* Look up a handle; call with the lock held. */
+dol_http_req *dol_http_lookup(uint64_t handle);
+/* Resume every suspended connection of server s and mark it stopping. */
+void dol_http_stop_all(dol_server *s);
+
+typedef enum { DOL_WAIT_SUSPENDED, DOL_WAIT_PENDING, DOL_WAIT_STOPPING } dol_wait_result;
+/* From an MHD callback: clear c->pending (call before looking at output). */
+void dol_http_clear_pending(dol_http_req *c);
+/* From an MHD callback, after finding nothing to do: suspend the connection
+ * unless an event arrived meanwhile (PENDING: look again) or the server is
+ * stopping. */
+dol_wait_result dol_http_suspend(dol_http_req *c);
+
+/* The scheduler's callbacks (user = the handle). */
+void dol_http_on_event(dol_request *r, void *user);
+bool dol_http_client_gone(dol_request *r, void *user);
+
+/* ---- responses (src/http/server.c) ------------------------------------ */
+
+/* Queue a response with `body` (malloc'd, taken over; NULL = OOM -> 500),
+ * Content-Type application/json and X-Request-Id. */
+enum MHD_Result dol_http_send_json(dol_http_req *c, int status, char *body);
+enum MHD_Result dol_http_send_cjson(dol_http_req *c, int status, cJSON *j);
+enum MHD_Result dol_http_send_error(dol_http_req *c, const dol_api_error *e);
+/* The key of an "Authorization: Bearer <key>" header, or NULL. */
+const char *dol_http_bearer_key(struct MHD_Connection *conn);
+/* Random lowercase hex into buf (2*nbytes chars + NUL). */
+void dol_http_random_hex(char *buf, size_t nbytes);
+uint64_t dol_http_random_u64(void);
+
+/* ---- routes ------------------------------------------------------------ */
+
+/* POST /v1/completions: body complete, c->phase == PH_BODY. */
+enum MHD_Result dol_http_completions(dol_http_req *c);
+/* Called again by MHD after a resume while c->phase == PH_WAIT. */
+enum MHD_Result dol_http_completions_resume(dol_http_req *c);
+/* Release what a completions context holds (cancels unfinished work). */
+void dol_http_completions_cleanup(dol_http_req *c, int *prompt_tokens,
+                                  int *completion_tokens, double *queue_ms,
+                                  double *ttft_ms);
+
+/* 0 when READY, else -1 with the 503 for the current state in e. */
+int dol_http_not_ready(dol_http_req *c, dol_api_error *e);
+enum MHD_Result dol_http_models(dol_http_req *c, const char *id);
+enum MHD_Result dol_http_healthz(dol_http_req *c);
+enum MHD_Result dol_http_livez(dol_http_req *c);
+
+#endif

@@ -1,0 +1,606 @@
+/* src/http/route_completions.c — POST /v1/completions over MHD: validate,
+ * tokenize, build one dol_request per prompt, submit, then wait with the
+ * connection suspended. Non-streaming: answer the whole JSON once every
+ * request is done. Streaming: once the first output (or an early failure)
+ * arrives, queue a text/event-stream response whose content reader emits
+ * the new text of each choice as SSE chunks, suspending when nothing is
+ * ready; the scheduler's on_event resumes it (src/http/registry.c). */
+#include "http/http.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SSE_BLOCK 16384
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static int out_append(dol_http_req *c, const char *s, size_t n)
+{
+    if (c->out_len + n > c->out_cap) {
+        size_t cap = c->out_cap ? c->out_cap : 1024;
+        while (cap < c->out_len + n) cap *= 2;
+        char *nb = realloc(c->out, cap);
+        if (!nb) return -1;
+        c->out = nb;
+        c->out_cap = cap;
+    }
+    memcpy(c->out + c->out_len, s, n);
+    c->out_len += n;
+    return 0;
+}
+
+/* Frame j (taken over; NULL = [DONE]) as one SSE event into c->out. */
+static int emit(dol_http_req *c, cJSON *j)
+{
+    size_t n = 0;
+    char *ev = dol_api_sse_event(j, &n);
+    if (!ev) return -1;
+    int rc = out_append(c, ev, n);
+    free(ev);
+    return rc;
+}
+
+static void error_from_request(dol_api_error *e, const dol_request *r)
+{
+    dol_api_error_set(e, r->error_status ? r->error_status : 500,
+                      r->error_type[0] ? r->error_type : "internal_error", NULL,
+                      r->error_code, "%s",
+                      r->error_msg[0] ? r->error_msg : "The request failed.");
+}
+
+static bool request_failed(const dol_request *r)
+{
+    if (r->error_status) return true;
+    for (int i = 0; i < r->n; i++)
+        if (r->choices && r->choices[i].finish == DOL_FINISH_ERROR) return true;
+    return false;
+}
+
+static const char *finish_str(dol_finish_reason f)
+{
+    const char *s = dol_finish_reason_str(f);
+    return s ? s : "stop";
+}
+
+static dol_api_meta meta_of(const dol_http_req *c)
+{
+    dol_api_meta m = {c->cmpl_id, c->model_name, c->created};
+    return m;
+}
+
+/* Logprobs of a choice's tokens [from, to) with their text offsets. */
+static cJSON *choice_logprobs(const dol_http_req *c, const dol_choice *ch,
+                              int from, int to, size_t base)
+{
+    if (!ch->lps || to <= from) return dol_api_logprobs_json(c->tok, NULL, NULL, 0);
+    int *off = malloc((size_t)(to - from) * sizeof *off);
+    if (!off) return NULL;
+    for (int j = from; j < to; j++)
+        off[j - from] = (int)base + (j > 0 && ch->lps_text_len ? ch->lps_text_len[j - 1] : 0);
+    cJSON *lp = dol_api_logprobs_json(c->tok, ch->lps + from, off, to - from);
+    free(off);
+    return lp;
+}
+
+/* Logprobs of an echoed prompt (entry 0 carries no logprob). */
+static cJSON *prompt_logprobs(const dol_http_req *c, const dol_request *r)
+{
+    if (!r->prompt_lps) return dol_api_logprobs_json(c->tok, NULL, NULL, 0);
+    int *off = malloc((size_t)r->n_prompt * sizeof *off);
+    if (!off) return NULL;
+    int pos = 0;
+    char buf[256];
+    for (int j = 0; j < r->n_prompt; j++) {
+        off[j] = pos;
+        pos += (int)strlen(dol_api_token_text(c->tok, r->prompt_lps[j].id, buf, sizeof buf));
+    }
+    cJSON *lp = dol_api_logprobs_json(c->tok, r->prompt_lps, off, r->n_prompt);
+    free(off);
+    return lp;
+}
+
+/* ---- non-streaming response --------------------------------------------- */
+
+static enum MHD_Result respond_whole(dol_http_req *c)
+{
+    int total = c->n_reqs * c->n;
+    dol_api_choice *ch = calloc((size_t)total, sizeof *ch);
+    char **texts = calloc((size_t)total, sizeof *texts);
+    dol_api_usage usage = {0, 0};
+    dol_api_error e = {0};
+    bool failed = false, oom = !ch || !texts;
+    for (int p = 0; p < c->n_reqs && !failed && !oom; p++) {
+        dol_request *r = c->reqs[p];
+        const char *echo = c->echo ? c->echo_text[p] : "";
+        size_t elen = strlen(echo);
+        pthread_mutex_lock(&r->mu);
+        if (request_failed(r)) {
+            error_from_request(&e, r);
+            failed = true;
+        }
+        usage.prompt_tokens += r->n_prompt;
+        for (int i = 0; i < c->n && !failed && !oom; i++) {
+            const dol_choice *rc = &r->choices[i];
+            int k = p * c->n + i;
+            texts[k] = malloc(elen + rc->text_len + 1);
+            if (!texts[k]) {
+                oom = true;
+                break;
+            }
+            memcpy(texts[k], echo, elen);
+            memcpy(texts[k] + elen, rc->text ? rc->text : "", rc->text_len);
+            texts[k][elen + rc->text_len] = '\0';
+            ch[k].index = k;
+            ch[k].text = texts[k];
+            ch[k].text_len = elen + rc->text_len;
+            ch[k].finish = finish_str(rc->finish);
+            usage.completion_tokens += rc->n_ids;
+            if (c->logprobs >= 0) {
+                cJSON *lp = choice_logprobs(c, rc, 0, rc->n_ids, elen);
+                if (lp && c->echo) {
+                    cJSON *pl = prompt_logprobs(c, r);
+                    if (pl) {
+                        /* prompt entries first, then the generated ones */
+                        const char *keys[] = {"tokens", "token_logprobs", "top_logprobs",
+                                              "text_offset"};
+                        for (int q = 0; q < 4; q++) {
+                            cJSON *dst = cJSON_GetObjectItemCaseSensitive(pl, keys[q]);
+                            cJSON *src = cJSON_DetachItemFromObjectCaseSensitive(lp, keys[q]);
+                            cJSON *x;
+                            while (src && (x = cJSON_DetachItemViaPointer(src, src->child)))
+                                cJSON_AddItemToArray(dst, x);
+                            cJSON_Delete(src);
+                        }
+                        cJSON_Delete(lp);
+                        lp = pl;
+                    }
+                }
+                ch[k].logprobs = lp;
+            }
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    enum MHD_Result ret;
+    if (oom) {
+        ret = dol_http_send_json(c, 500, NULL);
+    } else if (failed) {
+        ret = dol_http_send_error(c, &e);
+    } else {
+        dol_api_meta m = meta_of(c);
+        ret = dol_http_send_cjson(c, 200, dol_api_completion_json(&m, ch, total, &usage));
+    }
+    for (int k = 0; ch && k < total; k++) cJSON_Delete(ch[k].logprobs);
+    for (int k = 0; texts && k < total; k++) free(texts[k]);
+    free(ch);
+    free(texts);
+    return ret;
+}
+
+/* ---- streaming ---------------------------------------------------------- */
+
+static int emit_choice(dol_http_req *c, int index, const char *text, size_t len,
+                       const char *finish, cJSON *lp)
+{
+    dol_api_meta m = meta_of(c);
+    dol_api_choice ch = {index, text, len, finish, lp};
+    cJSON *j = dol_api_completion_json(&m, &ch, 1, NULL);
+    return j ? emit(c, j) : -1;
+}
+
+static int emit_error_event(dol_http_req *c, const dol_api_error *e)
+{
+    char *s = dol_api_error_json(e);
+    cJSON *j = s ? cJSON_Parse(s) : NULL;
+    free(s);
+    if (!j || emit(c, j) || emit(c, NULL)) return -1;
+    c->stream_over = true;
+    return 0;
+}
+
+/* Move whatever is new in the requests into SSE events in c->out. */
+static int produce(dol_http_req *c)
+{
+    if (c->echo && !c->echo_sent) {
+        for (int p = 0; p < c->n_reqs; p++) {
+            dol_request *r = c->reqs[p];
+            for (int i = 0; i < c->n; i++) {
+                cJSON *lp = NULL;
+                if (c->logprobs >= 0) {
+                    pthread_mutex_lock(&r->mu);
+                    lp = prompt_logprobs(c, r);
+                    pthread_mutex_unlock(&r->mu);
+                }
+                const char *t = c->echo_text[p];
+                if (emit_choice(c, p * c->n + i, t, strlen(t), NULL, lp)) return -1;
+            }
+        }
+        c->echo_sent = true;
+    }
+    bool all_over = true;
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    for (int p = 0; p < c->n_reqs; p++) {
+        dol_request *r = c->reqs[p];
+        int rc = 0;
+        pthread_mutex_lock(&r->mu);
+        if (request_failed(r)) {
+            dol_api_error e;
+            error_from_request(&e, r);
+            pthread_mutex_unlock(&r->mu);
+            return emit_error_event(c, &e);
+        }
+        prompt_tokens += r->n_prompt;
+        for (int i = 0; i < c->n && rc == 0; i++) {
+            const dol_choice *ch = &r->choices[i];
+            int k = p * c->n + i;
+            completion_tokens += ch->n_ids;
+            size_t base = c->echo ? strlen(c->echo_text[p]) : 0;
+            bool new_lps = c->logprobs >= 0 && ch->lps && ch->n_ids > c->sent_lps[k];
+            if (ch->text_len > c->sent_text[k] || new_lps) {
+                cJSON *lp = c->logprobs >= 0
+                                ? choice_logprobs(c, ch, c->sent_lps[k], ch->n_ids, base)
+                                : NULL;
+                rc = emit_choice(c, k, ch->text + c->sent_text[k],
+                                 ch->text_len - c->sent_text[k], NULL, lp);
+                c->sent_text[k] = ch->text_len;
+                c->sent_lps[k] = ch->n_ids;
+            }
+            if (rc == 0 && !c->sent_finish[k] && (ch->finish != DOL_FINISH_NONE || r->done)) {
+                cJSON *lp = c->logprobs >= 0 ? dol_api_logprobs_json(c->tok, NULL, NULL, 0) : NULL;
+                rc = emit_choice(c, k, "", 0, finish_str(ch->finish), lp);
+                c->sent_finish[k] = true;
+            }
+            if (!c->sent_finish[k]) all_over = false;
+        }
+        if (!r->done) all_over = false;
+        pthread_mutex_unlock(&r->mu);
+        if (rc) return -1;
+    }
+    if (!all_over) return 0;
+    if (c->include_usage) {
+        dol_api_meta m = meta_of(c);
+        dol_api_usage u = {prompt_tokens, completion_tokens};
+        cJSON *j = dol_api_completion_json(&m, NULL, 0, &u);
+        if (!j || emit(c, j)) return -1;
+    }
+    if (emit(c, NULL)) return -1;
+    c->stream_over = true;
+    return 0;
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    dol_http_req *c = cls;
+    for (;;) {
+        if (c->out_off < c->out_len) {
+            size_t n = c->out_len - c->out_off;
+            if (n > max) n = max;
+            memcpy(buf, c->out + c->out_off, n);
+            c->out_off += n;
+            return (ssize_t)n;
+        }
+        c->out_len = c->out_off = 0;
+        if (c->stream_over) return MHD_CONTENT_READER_END_OF_STREAM;
+        dol_http_clear_pending(c);
+        if (produce(c)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (c->out_len > 0 || c->stream_over) continue;
+        switch (dol_http_suspend(c)) {
+        case DOL_WAIT_SUSPENDED: return 0;
+        case DOL_WAIT_PENDING: continue;
+        default: return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+static enum MHD_Result start_stream(dol_http_req *c)
+{
+    int total = c->n_reqs * c->n;
+    c->sent_text = calloc((size_t)total, sizeof *c->sent_text);
+    c->sent_lps = calloc((size_t)total, sizeof *c->sent_lps);
+    c->sent_finish = calloc((size_t)total, sizeof *c->sent_finish);
+    if (!c->sent_text || !c->sent_lps || !c->sent_finish) return dol_http_send_json(c, 500, NULL);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, SSE_BLOCK, stream_reader, c, NULL);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    MHD_add_response_header(resp, "X-Request-Id", c->id);
+    enum MHD_Result ret = MHD_queue_response(c->conn, 200, resp);
+    MHD_destroy_response(resp);
+    if (ret == MHD_YES) {
+        c->status = 200;
+        c->phase = PH_STREAM;
+    }
+    return ret;
+}
+
+/* ---- waiting ------------------------------------------------------------ */
+
+/* Non-streaming: every request done. Streaming: anything to show (so an
+ * early failure still gets a proper status instead of an error event). */
+static bool ready_to_answer(dol_http_req *c, bool *failed_early)
+{
+    bool all_done = true, any_output = false, failed = false;
+    for (int p = 0; p < c->n_reqs; p++) {
+        dol_request *r = c->reqs[p];
+        pthread_mutex_lock(&r->mu);
+        if (!r->done) all_done = false;
+        if (request_failed(r)) failed = true;
+        for (int i = 0; i < r->n; i++)
+            if (r->choices[i].n_ids > 0 || r->choices[i].text_len > 0 ||
+                r->choices[i].finish != DOL_FINISH_NONE)
+                any_output = true;
+        pthread_mutex_unlock(&r->mu);
+    }
+    *failed_early = failed && !any_output;
+    if (!c->stream) return all_done || failed;
+    return all_done || failed || any_output || c->echo;
+}
+
+static enum MHD_Result wait_or_answer(dol_http_req *c)
+{
+    for (;;) {
+        dol_http_clear_pending(c);
+        bool failed_early = false;
+        if (ready_to_answer(c, &failed_early)) {
+            if (!c->stream || failed_early) return respond_whole(c);
+            return start_stream(c);
+        }
+        switch (dol_http_suspend(c)) {
+        case DOL_WAIT_SUSPENDED: return MHD_YES;
+        case DOL_WAIT_PENDING: continue;
+        default: return MHD_NO;   /* server stopping: close */
+        }
+    }
+}
+
+enum MHD_Result dol_http_completions_resume(dol_http_req *c)
+{
+    return wait_or_answer(c);
+}
+
+/* ---- building and submitting -------------------------------------------- */
+
+static int prompt_ids(const dol_http_attached *a, dol_api_prompt *pr, int32_t **ids,
+                      int *n, dol_api_error *e)
+{
+    if (!pr->text) {
+        *ids = pr->ids;   /* taken over */
+        *n = pr->n_ids;
+        pr->ids = NULL;
+        return 0;
+    }
+    char err[DOL_ERR_LEN];
+    size_t cnt = 0;
+    if (dol_tokenizer_encode(a->tok, pr->text, pr->text_len, true, ids, &cnt, err, sizeof err)) {
+        dol_api_error_set(e, 500, "internal_error", "prompt", NULL,
+                          "Tokenizing the prompt failed: %s", err);
+        return -1;
+    }
+    *n = (int)cnt;
+    return 0;
+}
+
+static char *echo_of(const dol_http_attached *a, const dol_api_prompt *pr, const int32_t *ids,
+                     int n)
+{
+    if (pr->text) return strdup(pr->text);
+    char *text = NULL;
+    size_t len = 0;
+    char err[DOL_ERR_LEN];
+    if (dol_tokenizer_decode(a->tok, ids, (size_t)n, &text, &len, err, sizeof err))
+        return strdup("");
+    return text;
+}
+
+static int fill_request(dol_http_req *c, dol_request *r, const dol_completion_params *p,
+                        int prompt_index, int priority, dol_api_error *e)
+{
+    r->max_tokens = (int)p->max_tokens;
+    r->n = p->n;
+    r->sampling = p->sampling;
+    r->seed = (p->has_seed ? p->seed : dol_http_random_u64()) + (uint64_t)(prompt_index * p->n);
+    for (int i = 0; i < p->n_stop; i++) {
+        r->stop[i] = strdup(p->stop[i]);
+        if (!r->stop[i]) goto oom;
+        r->n_stop = i + 1;
+    }
+    r->logprobs = p->logprobs;
+    r->echo_logprobs = p->echo && p->logprobs >= 0;
+    r->ignore_eos = p->ignore_eos;
+    r->priority = priority;
+    r->timeout_ms = c->srv->cfg->request_timeout_s > 0 ? c->srv->cfg->request_timeout_s * 1000.0
+                                                       : 0;
+    snprintf(r->id, sizeof r->id, "%s", c->id);
+    r->on_event = dol_http_on_event;
+    r->client_gone = dol_http_client_gone;
+    r->user = (void *)(uintptr_t)c->handle;
+    if (dol_request_alloc_choices(r)) goto oom;
+    return 0;
+oom:
+    dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+    return -1;
+}
+
+static void submit_error(dol_api_error *e, dol_submit_result res, const char *msg)
+{
+    switch (res) {
+    case DOL_SUBMIT_QUEUE_FULL:
+        dol_api_error_set(e, 429, "rate_limit_exceeded", NULL, "queue_full",
+                          "The server is busy (request queue full); retry shortly. %s", msg);
+        break;
+    case DOL_SUBMIT_TOO_LONG:
+        dol_api_error_set(e, 400, "invalid_request_error", "max_tokens",
+                          "context_length_exceeded", "%s", msg);
+        break;
+    case DOL_SUBMIT_DRAINING:
+        dol_api_error_set(e, 503, "service_unavailable", NULL, "server_draining",
+                          "The server is shutting down and accepts no new requests.");
+        break;
+    default:
+        dol_api_error_invalid(e, NULL, "%s", msg[0] ? msg : "Invalid request.");
+        break;
+    }
+}
+
+static int request_priority(dol_http_req *c)
+{
+    int pr = dol_config_key_priority(c->srv->cfg, dol_http_bearer_key(c->conn));
+    return pr < 0 ? c->srv->cfg->default_priority : pr;
+}
+
+/* Validate, tokenize and build the requests; 0 or -1 with e. */
+static int build(dol_http_req *c, const dol_http_attached *a, dol_api_error *e)
+{
+    const dol_config *cfg = c->srv->cfg;
+    const char *ct = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!dol_api_content_type_is_json(ct)) {
+        dol_api_error_set(e, 415, "invalid_request_error", NULL, "unsupported_media_type",
+                          "Content-Type must be application/json.");
+        return -1;
+    }
+    cJSON *body = dol_api_parse_object(c->body, c->body_len, e);
+    if (!body) return -1;
+    int vocab = a->model->cfg.vocab_size;
+    int tv = dol_tokenizer_vocab_size(a->tok);
+    if (tv > 0 && tv < vocab) vocab = tv;
+    dol_api_limits lim = {
+        .vocab_size = vocab,
+        .context_len = a->context_len,
+        .default_max_tokens = cfg->max_tokens > 0 ? cfg->max_tokens : 16,
+        .default_temperature = cfg->temperature,
+        .default_top_p = cfg->top_p > 0 ? cfg->top_p : 1.0f,
+        .default_top_k = cfg->top_k,
+    };
+    dol_completion_params p;
+    int rc = dol_api_parse_completion(body, &lim, &p, e);
+    cJSON_Delete(body);
+    if (rc) goto out;
+    rc = -1;
+    if (p.model && strcmp(p.model, a->name) != 0) {
+        dol_api_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
+                          "The model '%.200s' does not exist; this server serves '%s'.",
+                          p.model, a->name);
+        goto out;
+    }
+    if (cfg->max_batch_size > 0 && p.n > cfg->max_batch_size) {
+        dol_api_error_invalid(e, "n", "'n' is %d but this server runs at most %d sequences "
+                              "at once (max_batch_size).", p.n, cfg->max_batch_size);
+        goto out;
+    }
+    c->reqs = calloc((size_t)p.n_prompts, sizeof *c->reqs);
+    c->echo_text = calloc((size_t)p.n_prompts, sizeof *c->echo_text);
+    if (!c->reqs || !c->echo_text) {
+        dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+        goto out;
+    }
+    c->n_reqs = p.n_prompts;
+    c->n = p.n;
+    c->stream = p.stream;
+    c->include_usage = p.include_usage;
+    c->echo = p.echo;
+    c->logprobs = p.logprobs;
+    int priority = request_priority(c);
+    for (int i = 0; i < p.n_prompts; i++) {
+        int32_t *ids = NULL;
+        int n = 0;
+        if (prompt_ids(a, &p.prompts[i], &ids, &n, e)) goto out;
+        dol_request *r = dol_request_new();
+        if (!r) {
+            free(ids);
+            dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+            goto out;
+        }
+        c->reqs[i] = r;
+        r->prompt_ids = ids;
+        r->n_prompt = n;
+        if (dol_api_check_context(n, p.max_tokens, a->context_len, e)) goto out;
+        if (fill_request(c, r, &p, i, priority, e)) goto out;
+        if (p.echo) {
+            c->echo_text[i] = echo_of(a, &p.prompts[i], ids, n);
+            if (!c->echo_text[i]) {
+                dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+                goto out;
+            }
+        }
+    }
+    rc = 0;
+out:
+    dol_api_completion_params_free(&p);
+    return rc;
+}
+
+enum MHD_Result dol_http_completions(dol_http_req *c)
+{
+    dol_api_error e;
+    if (dol_http_not_ready(c, &e)) return dol_http_send_error(c, &e);
+    dol_http_attached a;
+    dol_http_attached_get(c->srv, &a);
+    if (!a.model || !a.tok || !a.has_sched) {
+        dol_api_error_set(&e, 503, "service_unavailable", NULL, "model_loading",
+                          "The model is not loaded yet.");
+        return dol_http_send_error(c, &e);
+    }
+    c->tok = a.tok;
+    snprintf(c->model_name, sizeof c->model_name, "%s", a.name);
+    char hex[25];
+    dol_http_random_hex(hex, 12);
+    snprintf(c->cmpl_id, sizeof c->cmpl_id, "cmpl-%s", hex);
+    c->created = (int64_t)time(NULL);
+    if (build(c, &a, &e)) return dol_http_send_error(c, &e);
+    /* The body is no longer needed. */
+    free(c->body);
+    c->body = NULL;
+    c->body_len = c->body_cap = 0;
+
+    for (int i = 0; i < c->n_reqs; i++) {
+        char err[DOL_ERR_LEN] = "";
+        dol_submit_result res = dol_http_sched_submit(c->srv, c->reqs[i], err, sizeof err);
+        if (res != DOL_SUBMIT_OK) {
+            for (int j = 0; j < c->n_submitted; j++) dol_request_cancel(c->reqs[j]);
+            submit_error(&e, res, err);
+            return dol_http_send_error(c, &e);
+        }
+        if (c->n_submitted++ == 0) atomic_fetch_add(&c->srv->inflight, 1);
+    }
+    c->phase = PH_WAIT;
+    return wait_or_answer(c);
+}
+
+void dol_http_completions_cleanup(dol_http_req *c, int *prompt_tokens, int *completion_tokens,
+                                  double *queue_ms, double *ttft_ms)
+{
+    for (int p = 0; p < c->n_reqs; p++) {
+        dol_request *r = c->reqs[p];
+        if (!r) continue;
+        bool done = true;
+        if (p < c->n_submitted) {
+            pthread_mutex_lock(&r->mu);
+            done = r->done;
+            *prompt_tokens += r->n_prompt;
+            for (int i = 0; r->choices && i < r->n; i++) *completion_tokens += r->choices[i].n_ids;
+            if (p == 0) {
+                if (r->t_start_ms > 0 && r->t_arrival_ms > 0)
+                    *queue_ms = r->t_start_ms - r->t_arrival_ms;
+                if (r->t_first_token_ms > 0 && r->t_arrival_ms > 0)
+                    *ttft_ms = r->t_first_token_ms - r->t_arrival_ms;
+            }
+            pthread_mutex_unlock(&r->mu);
+        }
+        if (!done) dol_request_cancel(r);   /* the client went away */
+        dol_request_release(r);
+    }
+    if (c->n_submitted > 0) atomic_fetch_sub(&c->srv->inflight, 1);
+    for (int p = 0; c->echo_text && p < c->n_reqs; p++) free(c->echo_text[p]);
+    free(c->echo_text);
+    free(c->reqs);
+    free(c->sent_text);
+    free(c->sent_lps);
+    free(c->sent_finish);
+    free(c->out);
+    c->reqs = NULL;
+    c->n_reqs = 0;
+}

@@ -1,0 +1,569 @@
+/* src/http/server.c — the libmicrohttpd daemon behind include/dolphin/server.h:
+ * binding, life cycle and state, the access handler (body accumulation,
+ * routing, 404/405/401/413), X-Request-Id, response helpers, and the
+ * completed callback that releases a request and logs one line for it. */
+#include "http/http.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "dolphin/log.h"
+
+/* MHD's per-connection memory pool holds the headers and the read buffer;
+ * bodies are accumulated in our own buffer, up to cfg->max_body_bytes. */
+#define CONN_MEMORY_LIMIT (256 * 1024)
+#define CONN_TIMEOUT_S 300
+/* A too-large body is read and discarded (so the client sees the 413
+ * instead of a reset) up to this much; beyond, the connection is dropped. */
+#define DISCARD_LIMIT ((size_t)64 << 20)
+
+/* ---- randomness --------------------------------------------------------- */
+
+static void random_bytes(void *buf, size_t n)
+{
+    unsigned char *p = buf;
+    while (n > 0) {
+        ssize_t got = getrandom(p, n, 0);
+        if (got <= 0) {
+            /* Practically unreachable; fall back to the clock. */
+            uint64_t t = dol_now_ns() ^ (uint64_t)(uintptr_t)p;
+            for (size_t i = 0; i < n; i++, t = t * 6364136223846793005ull + 1442695040888963407ull)
+                p[i] = (unsigned char)(t >> 56);
+            return;
+        }
+        p += got;
+        n -= (size_t)got;
+    }
+}
+
+void dol_http_random_hex(char *buf, size_t nbytes)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char raw[64];
+    if (nbytes > sizeof raw) nbytes = sizeof raw;
+    random_bytes(raw, nbytes);
+    for (size_t i = 0; i < nbytes; i++) {
+        buf[2 * i] = hex[raw[i] >> 4];
+        buf[2 * i + 1] = hex[raw[i] & 15];
+    }
+    buf[2 * nbytes] = '\0';
+}
+
+uint64_t dol_http_random_u64(void)
+{
+    uint64_t x;
+    random_bytes(&x, sizeof x);
+    return x;
+}
+
+/* ---- attached objects --------------------------------------------------- */
+
+void dol_http_attached_get(dol_server *s, dol_http_attached *a)
+{
+    pthread_mutex_lock(&s->mu);
+    a->model = s->model;
+    a->tok = s->tok;
+    a->has_sched = s->sched != NULL;
+    pthread_mutex_unlock(&s->mu);
+    const char *name = s->cfg->served_model_name;
+    if (!name[0] && a->model) name = a->model->name;
+    snprintf(a->name, sizeof a->name, "%s", name);
+    a->context_len = 0;
+    if (a->model) {
+        a->context_len = a->model->cfg.max_position_embeddings;
+        if (s->cfg->context_len > 0 && s->cfg->context_len < a->context_len)
+            a->context_len = s->cfg->context_len;
+    }
+}
+
+bool dol_http_sched_stats(dol_server *s, dol_scheduler_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    pthread_mutex_lock(&s->mu);
+    bool have = s->sched != NULL;
+    if (have) dol_scheduler_get_stats(s->sched, st);
+    pthread_mutex_unlock(&s->mu);
+    return have;
+}
+
+dol_submit_result dol_http_sched_submit(dol_server *s, dol_request *r, char *err,
+                                        size_t errlen)
+{
+    dol_submit_result res = DOL_SUBMIT_DRAINING;
+    pthread_mutex_lock(&s->mu);
+    if (s->sched) res = dol_scheduler_submit(s->sched, r, err, errlen);
+    else dol_set_err(err, errlen, "the scheduler is gone");
+    pthread_mutex_unlock(&s->mu);
+    return res;
+}
+
+/* ---- responses ---------------------------------------------------------- */
+
+static enum MHD_Result queue(dol_http_req *c, int status, struct MHD_Response *resp)
+{
+    MHD_add_response_header(resp, "X-Request-Id", c->id);
+    enum MHD_Result ret = MHD_queue_response(c->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    if (ret == MHD_YES) {
+        c->status = status;
+        c->phase = PH_RESPONDED;
+    }
+    return ret;
+}
+
+/* Extra headers for an error, chosen by status. */
+static void error_headers(dol_http_req *c, struct MHD_Response *resp, int status)
+{
+    if (status == 429 || status == 503) MHD_add_response_header(resp, "Retry-After", "1");
+    if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    if (status == 405) {
+        const char *allow = strcmp(c->route, "/v1/completions") == 0 ? "POST" : "GET, HEAD";
+        MHD_add_response_header(resp, "Allow", allow);
+    }
+    if (status == 413) MHD_add_response_header(resp, "Connection", "close");
+}
+
+enum MHD_Result dol_http_send_json(dol_http_req *c, int status, char *body)
+{
+    static const char oom[] =
+        "{\"error\":{\"message\":\"Out of memory.\",\"type\":\"internal_error\","
+        "\"param\":null,\"code\":null}}";
+    struct MHD_Response *resp;
+    if (body) {
+        resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+        if (!resp) free(body);
+    } else {
+        status = 500;
+        resp = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom,
+                                               MHD_RESPMEM_PERSISTENT);
+    }
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    if (status >= 400) error_headers(c, resp, status);
+    return queue(c, status, resp);
+}
+
+enum MHD_Result dol_http_send_cjson(dol_http_req *c, int status, cJSON *j)
+{
+    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+    cJSON_Delete(j);
+    return dol_http_send_json(c, status, s);
+}
+
+enum MHD_Result dol_http_send_error(dol_http_req *c, const dol_api_error *e)
+{
+    return dol_http_send_json(c, e->status, dol_api_error_json(e));
+}
+
+/* ---- routing ------------------------------------------------------------ */
+
+typedef enum { R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTHZ, R_LIVEZ, R_NONE } route_id;
+
+static const struct {
+    const char *path;     /* exact path, or prefix when `prefix` */
+    bool prefix;
+    const char *method;   /* GET routes also answer HEAD */
+    bool auth;            /* needs the API key when keys are configured */
+    route_id id;
+    const char *label;    /* for logs */
+} ROUTES[] = {
+    {"/v1/completions", false, "POST", true, R_COMPLETIONS, "/v1/completions"},
+    {"/v1/models", false, "GET", true, R_MODELS, "/v1/models"},
+    {"/v1/models/", true, "GET", true, R_MODEL, "/v1/models/{id}"},
+    {"/healthz", false, "GET", false, R_HEALTHZ, "/healthz"},
+    {"/livez", false, "GET", false, R_LIVEZ, "/livez"},
+};
+#define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
+
+static int find_route(const char *url)
+{
+    for (size_t i = 0; i < N_ROUTES; i++) {
+        size_t n = strlen(ROUTES[i].path);
+        if (ROUTES[i].prefix ? strncmp(url, ROUTES[i].path, n) == 0 && url[n]
+                             : strcmp(url, ROUTES[i].path) == 0)
+            return (int)i;
+    }
+    return -1;
+}
+
+static bool method_ok(const char *want, const char *got)
+{
+    if (strcmp(want, got) == 0) return true;
+    return strcmp(want, "GET") == 0 && strcmp(got, "HEAD") == 0;
+}
+
+/* A client-supplied request id is echoed when it is 1..63 characters of
+ * [A-Za-z0-9._:-]; anything else gets a fresh random id. */
+static bool sane_request_id(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > 63) return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                  (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' ||
+                  ch == '.' || ch == ':';
+        if (!ok) return false;
+    }
+    return true;
+}
+
+static void copy_method(char *dst, size_t n, const char *m)
+{
+    size_t o = 0;
+    for (; m && *m && o + 1 < n; m++)
+        dst[o++] = (*m >= 'A' && *m <= 'Z') ? *m : '?';
+    dst[o] = '\0';
+}
+
+const char *dol_http_bearer_key(struct MHD_Connection *conn)
+{
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
+    h += 7;
+    while (*h == ' ') h++;
+    return *h ? h : NULL;
+}
+
+static bool authorized(dol_http_req *c)
+{
+    const dol_config *cfg = c->srv->cfg;
+    if (cfg->n_api_keys <= 0) return true;
+    const char *key = dol_http_bearer_key(c->conn);
+    return key && dol_config_key_priority(cfg, key) >= 0;
+}
+
+/* The path for an error message: printable ASCII only, at most n-1 bytes. */
+static const char *printable(const char *s, char *buf, size_t n)
+{
+    size_t o = 0;
+    for (; *s && o + 1 < n; s++)
+        buf[o++] = (*s >= 0x20 && *s < 0x7f) ? *s : '?';
+    buf[o] = '\0';
+    return buf;
+}
+
+static enum MHD_Result dispatch(dol_http_req *c, const char *url)
+{
+    dol_api_error e;
+    int ri = find_route(url);
+    if (ri < 0) {
+        char buf[200];
+        snprintf(c->route, sizeof c->route, "unknown");
+        dol_api_error_set(&e, 404, "invalid_request_error", NULL, "not_found",
+                          "Invalid URL (%s %s)", c->method, printable(url, buf, sizeof buf));
+        return dol_http_send_error(c, &e);
+    }
+    snprintf(c->route, sizeof c->route, "%s", ROUTES[ri].label);
+    if (!method_ok(ROUTES[ri].method, c->method)) {
+        dol_api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
+                          "Method %s is not allowed on %s (use %s).", c->method,
+                          ROUTES[ri].label, ROUTES[ri].method);
+        return dol_http_send_error(c, &e);
+    }
+    if (ROUTES[ri].auth && !authorized(c)) {
+        dol_api_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                          "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.");
+        return dol_http_send_error(c, &e);
+    }
+    if (c->too_large) {
+        dol_api_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                          "The request body is larger than the limit of %zu bytes.",
+                          c->srv->cfg->max_body_bytes);
+        return dol_http_send_error(c, &e);
+    }
+    switch (ROUTES[ri].id) {
+    case R_COMPLETIONS: return dol_http_completions(c);
+    case R_MODELS: return dol_http_models(c, NULL);
+    case R_MODEL: return dol_http_models(c, url + strlen(ROUTES[ri].path));
+    case R_HEALTHZ: return dol_http_healthz(c);
+    case R_LIVEZ: return dol_http_livez(c);
+    default: break;
+    }
+    return MHD_NO;
+}
+
+/* ---- body accumulation -------------------------------------------------- */
+
+static enum MHD_Result accumulate(dol_http_req *c, const char *data, size_t n)
+{
+    size_t max = c->srv->cfg->max_body_bytes;
+    if (!c->too_large && c->body_len + n > max) {
+        c->too_large = true;
+        free(c->body);
+        c->body = NULL;
+        c->body_len = c->body_cap = 0;
+    }
+    if (c->too_large) {
+        c->discarded += n;
+        return c->discarded > DISCARD_LIMIT ? MHD_NO : MHD_YES;
+    }
+    if (c->body_len + n + 1 > c->body_cap) {
+        size_t cap = c->body_cap ? c->body_cap : 4096;
+        while (cap < c->body_len + n + 1) cap *= 2;
+        if (cap > max + 1) cap = max + 1;
+        char *nb = realloc(c->body, cap);
+        if (!nb) return MHD_NO;
+        c->body = nb;
+        c->body_cap = cap;
+    }
+    memcpy(c->body + c->body_len, data, n);
+    c->body_len += n;
+    c->body[c->body_len] = '\0';
+    return MHD_YES;
+}
+
+/* ---- MHD callbacks ------------------------------------------------------ */
+
+static dol_http_req *req_new(dol_server *s, struct MHD_Connection *conn,
+                             const char *method)
+{
+    dol_http_req *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->srv = s;
+    c->conn = conn;
+    c->t0_ms = dol_now_ms();
+    c->logprobs = -1;
+    copy_method(c->method, sizeof c->method, method);
+    snprintf(c->route, sizeof c->route, "unknown");
+    const char *rid = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
+    if (sane_request_id(rid)) snprintf(c->id, sizeof c->id, "%s", rid);
+    else dol_http_random_hex(c->id, 16);
+    if (dol_http_register(c)) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static bool expects_continue(struct MHD_Connection *conn)
+{
+    const char *x = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+    return x && strcasecmp(x, "100-continue") == 0;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
+                                  const char *url, const char *method,
+                                  const char *version, const char *upload_data,
+                                  size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    dol_server *s = cls;
+    dol_http_req *c = *con_cls;
+    if (!c) {
+        c = req_new(s, conn, method);
+        if (!c) return MHD_NO;
+        *con_cls = c;
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                     MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(cl, &end, 10);
+            if (errno == ERANGE || v > s->cfg->max_body_bytes) {
+                c->too_large = true;
+                /* The client waits for "100 Continue": answer now instead,
+                 * before any of the body is sent. */
+                if (expects_continue(conn)) {
+                    if (find_route(url) >= 0)
+                        snprintf(c->route, sizeof c->route, "%s", ROUTES[find_route(url)].label);
+                    dol_api_error e;
+                    dol_api_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                                      "The request body is larger than the limit of %zu bytes.",
+                                      s->cfg->max_body_bytes);
+                    return dol_http_send_error(c, &e);
+                }
+            }
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        enum MHD_Result r = c->phase == PH_BODY ? accumulate(c, upload_data, *upload_size)
+                                                : MHD_YES;
+        *upload_size = 0;
+        return r;
+    }
+    switch (c->phase) {
+    case PH_BODY: return dispatch(c, url);
+    case PH_WAIT: return dol_http_completions_resume(c);
+    default: return MHD_NO;  /* a response is already queued */
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls; (void)conn;
+    dol_http_req *c = *con_cls;
+    if (!c) return;
+    *con_cls = NULL;
+    dol_http_unregister(c);   /* from here on no scheduler callback finds c */
+
+    int prompt_tokens = 0, completion_tokens = 0;
+    double queue_ms = 0, ttft_ms = 0;
+    dol_http_completions_cleanup(c, &prompt_tokens, &completion_tokens, &queue_ms, &ttft_ms);
+
+    bool ok = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK;
+    int status = c->status ? c->status : 499;   /* 499: client closed first */
+    dol_log_level lvl = status >= 500 ? DOL_LOG_ERROR : (ok ? DOL_LOG_INFO : DOL_LOG_WARN);
+    dol_log(lvl, "request",
+            "request_id=%s method=%s route=%s status=%d prompt_tokens=%d "
+            "completion_tokens=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s",
+            c->id, c->method[0] ? c->method : "-", c->route, status, prompt_tokens,
+            completion_tokens, queue_ms, ttft_ms, dol_now_ms() - c->t0_ms,
+            ok ? "" : " aborted=true");
+    free(c->body);
+    free(c);
+}
+
+static void mhd_logger(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512], q[600];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = '\0';
+    dol_log(DOL_LOG_DEBUG, "http_internal", "msg=%s", dol_log_quote(msg, q, sizeof q));
+}
+
+/* ---- listening socket --------------------------------------------------- */
+
+static int bind_listen(const dol_config *cfg, bool *ipv6, char *err, size_t errlen)
+{
+    char port[16];
+    snprintf(port, sizeof port, "%d", cfg->port);
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    const char *host = cfg->host[0] ? cfg->host : NULL;
+    int rc = getaddrinfo(host, port, &hints, &res);
+    if (rc) {
+        dol_set_err(err, errlen, "cannot resolve host %s: %s", cfg->host, gai_strerror(rc));
+        return -1;
+    }
+    int fd = -1, saved = 0;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+        if (fd < 0) {
+            saved = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) {
+            *ipv6 = a->ai_family == AF_INET6;
+            break;
+        }
+        saved = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        dol_set_err(err, errlen, "cannot bind %s:%d: %s", cfg->host, cfg->port, strerror(saved));
+    return fd;
+}
+
+static int bound_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len)) return -1;
+    if (ss.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return -1;
+}
+
+/* ---- public API --------------------------------------------------------- */
+
+int dol_server_start(const dol_config *cfg, dol_server **out, char *err, size_t errlen)
+{
+    bool ipv6 = false;
+    int fd = bind_listen(cfg, &ipv6, err, errlen);
+    if (fd < 0) return -1;
+    dol_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        close(fd);
+        dol_set_err(err, errlen, "out of memory");
+        return -1;
+    }
+    s->cfg = cfg;
+    s->port = bound_port(fd);
+    s->started = (int64_t)time(NULL);
+    atomic_init(&s->state, DOL_STATE_LOADING);
+    atomic_init(&s->inflight, 0);
+    pthread_mutex_init(&s->mu, NULL);
+
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME |
+                     MHD_USE_ERROR_LOG | (ipv6 ? MHD_USE_IPv6 : 0);
+    static const unsigned pollers[] = {MHD_USE_EPOLL, MHD_USE_POLL};
+    for (size_t i = 0; i < 2 && !s->daemon; i++) {
+        s->daemon = MHD_start_daemon(
+            flags | pollers[i], 0, NULL, NULL, on_request, s,
+            MHD_OPTION_EXTERNAL_LOGGER, mhd_logger, s,
+            MHD_OPTION_LISTEN_SOCKET, fd,
+            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY_LIMIT,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
+            MHD_OPTION_END);
+    }
+    if (!s->daemon) {
+        close(fd);
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        dol_set_err(err, errlen, "cannot start the HTTP server on %s:%d", cfg->host, cfg->port);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+void dol_server_attach(dol_server *s, const dol_model *model,
+                       const dol_tokenizer *tok, dol_scheduler *sched)
+{
+    pthread_mutex_lock(&s->mu);
+    s->model = model;
+    s->tok = tok;
+    s->sched = sched;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void dol_server_set_state(dol_server *s, dol_server_state st)
+{
+    atomic_store(&s->state, (int)st);
+}
+
+dol_server_state dol_server_get_state(const dol_server *s)
+{
+    return (dol_server_state)atomic_load(&((dol_server *)s)->state);
+}
+
+int dol_server_port(const dol_server *s) { return s->port; }
+
+int dol_server_inflight(const dol_server *s)
+{
+    return atomic_load(&((dol_server *)s)->inflight);
+}
+
+void dol_server_stop(dol_server *s)
+{
+    if (!s) return;
+    /* MHD must not be stopped with suspended connections: resume them all
+     * (their handlers then see `stopping` and close). */
+    dol_http_stop_all(s);
+    MHD_stop_daemon(s->daemon);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

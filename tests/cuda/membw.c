@@ -1,0 +1,55 @@
+/* tests/cuda/membw.c — dol-cuda-membw: device-to-device copy bandwidth of
+ * the first CUDA device, the memory roofline that scripts/gpu-check.sh
+ * compares batch-1 decode with. Copies a buffer of SIZE_MIB (default 2048)
+ * with cudaMemcpyAsync a number of times after a warm-up and prints the best
+ * rate as bytes moved (read + write, 2 x size) per second:
+ *   d2d_copy_GBps=<rate> buffer_MiB=<size>
+ * Exit 77 when no device is present. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cuda_runtime_api.h>
+
+#define CHECK(call)                                                                         \
+    do {                                                                                    \
+        cudaError_t rc_ = (call);                                                           \
+        if (rc_ != cudaSuccess) {                                                           \
+            fprintf(stderr, "dol-cuda-membw: %s: %s\n", #call, cudaGetErrorString(rc_));    \
+            return 1;                                                                       \
+        }                                                                                   \
+    } while (0)
+
+int main(int argc, char **argv)
+{
+    size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 2048;
+    if (mib == 0) mib = 2048;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("dol-cuda-membw: no CUDA device; skipping\n");
+        return 77;
+    }
+    size_t bytes = mib << 20;
+    void *a = NULL, *b = NULL;
+    CHECK(cudaMalloc(&a, bytes));
+    CHECK(cudaMalloc(&b, bytes));
+    CHECK(cudaMemset(a, 1, bytes));
+    CHECK(cudaMemset(b, 0, bytes));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    float best_ms = 1e30f;
+    for (int rep = 0; rep < 12; rep++) {
+        CHECK(cudaEventRecord(e0, 0));
+        CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+        CHECK(cudaEventRecord(e1, 0));
+        CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (rep >= 2 && ms < best_ms) best_ms = ms; /* two warm-up copies */
+    }
+    double gbps = 2.0 * (double)bytes / (best_ms / 1e3) / 1e9;
+    printf("d2d_copy_GBps=%.1f buffer_MiB=%zu\n", gbps, mib);
+    CHECK(cudaFree(a));
+    CHECK(cudaFree(b));
+    return 0;
+}
