@@ -13,8 +13,10 @@ PKGS=(
   build-essential cmake pkg-config
   libmicrohttpd-dev libcjson-dev libyaml-dev libsentencepiece-dev
   libcmocka-dev
-  python3 python3-pytest python3-requests
-  curl nginx-light nodejs npm
+  python3 python3-pytest python3-requests python3-yaml
+  curl nginx-light prometheus nodejs npm
+  clang libclang-rt-14-dev
+  gnuplot-nox
 )
 
 missing=()
@@ -33,6 +35,6 @@ fi
 
 # Node's official `openai` package for the client tests (tests/node).
 if [ -f tests/node/package.json ] && [ ! -d tests/node/node_modules/openai ]; then
-  (cd tests/node && npm install --no-audit --no-fund --loglevel=error)
+  (cd tests/node && if [ -f package-lock.json ]; then npm ci --no-audit --no-fund --loglevel=error; else npm install --no-audit --no-fund --loglevel=error; fi)
 fi
 echo "setup: dependencies installed"

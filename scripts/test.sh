@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the whole test suite on a fresh machine: install
 # dependencies, build (Release, plus an ASan/UBSan build), run the unit tests
-# (ctest), the HTTP tests against a live dolphind (pytest), and the Node
-# `openai` client tests when present. Fixtures come from $DOLPHIN_SHARED
-# (default ../shared). Exits non-zero when anything fails.
+# (ctest), the HTTP tests against a live dolphind (pytest), the Node
+# `openai` client tests when present, the fuzz targets (scripts/fuzz.sh,
+# DOLPHIN_FUZZ_SECONDS each, default 45 here) and the soak test
+# (tests/soak). Fixtures come from $DOLPHIN_SHARED (default ../shared).
+# Exits non-zero when anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DOLPHIN_SHARED="${DOLPHIN_SHARED:-$(cd .. && pwd)/shared}"
@@ -31,4 +33,11 @@ if [ -f tests/node/package.json ]; then
   echo "== client tests (Node openai package)"
   DOLPHIN_BIN="$PWD/build/dolphind" node --test tests/node/
 fi
+
+echo "== fuzzing (libFuzzer + ASan/UBSan, scripts/fuzz.sh)"
+DOLPHIN_FUZZ_SECONDS="${DOLPHIN_FUZZ_SECONDS:-45}" bash scripts/fuzz.sh
+
+echo "== soak test (tests/soak/soak.py: build/dolphind, then build-asan/dolphind)"
+/usr/bin/python3 tests/soak/soak.py --bin "$PWD/build/dolphind"
+/usr/bin/python3 tests/soak/soak.py --bin "$PWD/build-asan/dolphind" --no-rss-check
 echo "== all tests passed"

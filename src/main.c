@@ -1,12 +1,14 @@
 /* src/main.c — dolphind: read the config, start the HTTP server (answering
  * /healthz 503 while loading), load the checkpoint and tokenizer, build the
  * engine and the scheduler, warm up, report ready, and on SIGTERM/SIGINT
- * drain in-flight requests before exiting 0. */
+ * drain in-flight requests before exiting 0. While serving, the main thread
+ * waits for a signal and samples the readiness memory watch every 100 ms. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dolphin/config.h"
@@ -23,35 +25,103 @@ static int fail(int code, const char *msg)
     return code;
 }
 
-/* One short greedy generation through the whole path before reporting ready. */
-static int warm_up(dol_scheduler *sched, const dol_model *m, char *err, size_t errlen)
+/* The SIGTERM/SIGINT waiting (blocked) in `sigs`, within timeout_ms
+ * (0 = only look); 0 when none came. */
+static int wait_signal(const sigset_t *sigs, long timeout_ms)
+{
+    struct timespec ts = {timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+    int sig = sigtimedwait(sigs, NULL, &ts);
+    return sig > 0 ? sig : 0;
+}
+
+static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+/* SIGTERM/SIGINT before ready: free what exists (NULL = not made yet), exit 0. */
+static int stop_during_startup(int sig, dol_server *srv, dol_scheduler *sched,
+                               dol_engine *engine, dol_tokenizer *tok, dol_model *model)
+{
+    dol_log(DOL_LOG_INFO, "stopping", "signal=%s during=start-up", signal_name(sig));
+    dol_server_set_state(srv, DOL_STATE_DRAINING);
+    dol_server_attach(srv, NULL, NULL, NULL);
+    dol_scheduler_free(sched);
+    dol_server_stop(srv);
+    dol_engine_free(engine);
+    dol_tokenizer_free(tok);
+    dol_model_free(model);
+    dol_log(DOL_LOG_INFO, "stopped", "unfinished_requests=0");
+    return 0;
+}
+
+/* One warm-up generation: a prompt of n_prompt tokens (BOS, then arbitrary
+ * ids), n choices, max_tokens each, greedy. 0 done, 1 skipped (the shape
+ * does not fit this configuration), 2 interrupted by a signal (*sig set),
+ * -1 failed (err). */
+static int warm_one(dol_scheduler *sched, const dol_model *m, int n_prompt, int n,
+                    int max_tokens, const sigset_t *sigs, int *sig, char *err, size_t errlen)
 {
     dol_request *r = dol_request_new();
     if (!r) { dol_set_err(err, errlen, "warm-up: out of memory"); return -1; }
-    r->prompt_ids = malloc(sizeof(int32_t));
+    r->prompt_ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
     if (!r->prompt_ids) { dol_request_release(r); return -1; }
     r->prompt_ids[0] = m->cfg.bos_token_id;
-    r->n_prompt = 1;
-    r->max_tokens = 4;
+    for (int i = 1; i < n_prompt; i++) r->prompt_ids[i] = (int32_t)((13 + 17 * i) % m->cfg.vocab_size);
+    r->n_prompt = n_prompt;
+    r->n = n;
+    r->max_tokens = max_tokens;
     r->sampling.temperature = 0.0f;
     r->ignore_eos = true;
-    snprintf(r->id, sizeof r->id, "warmup");
-    if (dol_request_alloc_choices(r) != 0) { dol_request_release(r); return -1; }
-    if (dol_scheduler_submit(sched, r, err, errlen) != DOL_SUBMIT_OK) {
+    snprintf(r->id, sizeof r->id, "warmup-%dx%d", n_prompt, n);
+    if (dol_request_alloc_choices(r) != 0) {
         dol_request_release(r);
+        dol_set_err(err, errlen, "warm-up: out of memory");
         return -1;
     }
+    dol_submit_result sr = dol_scheduler_submit(sched, r, err, errlen);
+    if (sr != DOL_SUBMIT_OK) {
+        dol_request_release(r);
+        return sr == DOL_SUBMIT_TOO_LONG || sr == DOL_SUBMIT_INVALID ? 1 : -1;
+    }
+    int rc = 0;
     for (;;) {
         pthread_mutex_lock(&r->mu);
         bool done = r->done;
         pthread_mutex_unlock(&r->mu);
         if (done) break;
-        usleep(2000);
+        if ((*sig = wait_signal(sigs, 2)) != 0) {
+            dol_request_cancel(r);
+            rc = 2;
+            break;
+        }
     }
-    int rc = r->error_status ? -1 : 0;
-    if (rc) dol_set_err(err, errlen, "warm-up failed: %s", r->error_msg);
+    if (rc == 0 && r->error_status) {
+        dol_set_err(err, errlen, "warm-up failed: %s", r->error_msg);
+        rc = -1;
+    }
     dol_request_release(r);
     return rc;
+}
+
+/* Warm up before reporting ready: every path through the engine that
+ * serving takes, once — a one-token prompt decoding alone, then a prompt of
+ * several tokens (a prefill chunk) forked into a full decode batch of
+ * max_batch_size sequences (skipped when it cannot fit the KV pool).
+ * 0 ok, 2 interrupted by a signal (*sig), -1 failed. */
+static int warm_up(dol_scheduler *sched, const dol_model *m, const dol_config *cfg,
+                   int ctx, const sigset_t *sigs, int *sig, char *err, size_t errlen)
+{
+    double t0 = dol_now_ms();
+    int rc = warm_one(sched, m, 1, 1, 4, sigs, sig, err, errlen);
+    if (rc == 1) return -1;   /* the smallest shape must fit */
+    if (rc != 0) return rc;
+    int prompt = cfg->prefill_chunk < 32 ? cfg->prefill_chunk : 32;
+    if (prompt > ctx / 2) prompt = ctx / 2;
+    int batch = cfg->max_batch_size;
+    int full = prompt >= 2 ? warm_one(sched, m, prompt, batch, 2, sigs, sig, err, errlen) : 1;
+    if (full == 2 || full < 0) return full;
+    dol_log(DOL_LOG_INFO, "warmed_up", "shapes=%s prompt_tokens=%d batch=%d ms=%.0f",
+            full == 0 ? "single,batch" : "single", prompt, full == 0 ? batch : 1,
+            dol_now_ms() - t0);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -99,6 +169,8 @@ int main(int argc, char **argv)
         dol_server_stop(srv);
         return fail(1, err);
     }
+    int sig = wait_signal(&sigs, 0);   /* loading takes a while: stop now if asked */
+    if (sig) return stop_during_startup(sig, srv, NULL, NULL, tok, model);
 
     dol_engine_params ep = {0};
     ep.n_threads = threads;
@@ -160,27 +232,47 @@ int main(int argc, char **argv)
                 qs.linear_f16_bytes ? (double)qs.linear_bytes / (double)qs.linear_f16_bytes : 0.0,
                 cfg.quantize_lm_head ? "nf4" : "kept");
 
+    if ((sig = wait_signal(&sigs, 0)) != 0)
+        return stop_during_startup(sig, srv, sched, engine, tok, model);
     dol_server_set_state(srv, DOL_STATE_WARMING);
-    if (cfg.warmup && warm_up(sched, model, err, sizeof err) != 0) {
-        dol_scheduler_free(sched);
-        dol_server_stop(srv);
-        dol_engine_free(engine);
-        dol_tokenizer_free(tok);
-        dol_model_free(model);
-        return fail(1, err);
+    if (cfg.warmup) {
+        int wrc = warm_up(sched, model, &cfg, dol_engine_context_len(engine), &sigs, &sig, err,
+                          sizeof err);
+        if (wrc == 2) return stop_during_startup(sig, srv, sched, engine, tok, model);
+        if (wrc != 0) {
+            dol_server_attach(srv, model, tok, NULL);
+            dol_scheduler_free(sched);
+            dol_server_stop(srv);
+            dol_engine_free(engine);
+            dol_tokenizer_free(tok);
+            dol_model_free(model);
+            return fail(1, err);
+        }
     }
     dol_server_set_state(srv, DOL_STATE_READY);
     dol_log(DOL_LOG_INFO, "ready", "port=%d startup_ms=%.0f", dol_server_port(srv), dol_now_ms() - t0);
 
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    dol_log(DOL_LOG_INFO, "draining", "signal=%s timeout_s=%.1f", sig == SIGINT ? "SIGINT" : "SIGTERM",
-            cfg.drain_timeout_s);
+    /* Serve: wait for SIGTERM/SIGINT, sampling the readiness watch. */
+    while ((sig = wait_signal(&sigs, 100)) == 0) dol_server_watch(srv);
+
+    /* Drain: /healthz and new work 503 at once; in-flight requests (streams
+     * too) get up to drain_timeout_s to finish; a second signal cuts it short. */
+    double t_drain = dol_now_ms();
     dol_server_set_state(srv, DOL_STATE_DRAINING);
     dol_scheduler_drain(sched);
-    double deadline = dol_now_ms() + cfg.drain_timeout_s * 1000.0;
-    while (dol_server_inflight(srv) > 0 && dol_now_ms() < deadline) usleep(10000);
+    dol_log(DOL_LOG_INFO, "draining", "signal=%s timeout_s=%.1f inflight=%d", signal_name(sig),
+            cfg.drain_timeout_s, dol_server_inflight(srv));
+    double deadline = t_drain + cfg.drain_timeout_s * 1000.0;
+    int again = 0;
+    while (dol_server_inflight(srv) > 0 && dol_now_ms() < deadline)
+        if ((again = wait_signal(&sigs, 10)) != 0) break;
     int left = dol_server_inflight(srv);
+    if (again)
+        dol_log(DOL_LOG_WARN, "drain_cut_short", "signal=%s unfinished_requests=%d",
+                signal_name(again), left);
+    else if (left > 0)
+        dol_log(DOL_LOG_WARN, "drain_timeout", "timeout_s=%.1f unfinished_requests=%d",
+                cfg.drain_timeout_s, left);
     dol_server_attach(srv, model, tok, NULL); /* /healthz must not see a freed scheduler */
     dol_scheduler_free(sched);   /* ends whatever is left with 503 */
     usleep(50000);               /* let the HTTP thread flush those answers */
@@ -188,6 +280,7 @@ int main(int argc, char **argv)
     dol_engine_free(engine);
     dol_tokenizer_free(tok);
     dol_model_free(model);
-    dol_log(DOL_LOG_INFO, "stopped", "unfinished_requests=%d", left);
+    dol_log(DOL_LOG_INFO, "stopped", "unfinished_requests=%d drain_ms=%.0f", left,
+            dol_now_ms() - t_drain);
     return 0;
 }

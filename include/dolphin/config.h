@@ -29,6 +29,9 @@ typedef struct {
     char host[128];              /* default "127.0.0.1" */
     int port;                    /* default 8080; 0 = any free port */
     size_t max_body_bytes;       /* default 1 MiB; larger bodies get 413 */
+    int max_connections;         /* default 512; more wait to be accepted */
+    int max_connections_per_ip;  /* default 0 = no per-address limit */
+    int connection_timeout_s;    /* default 75; idle connections closed; 0 = never */
     char model[1024];            /* model directory; default "" (required) */
     char served_model_name[256]; /* model id in the API; "" = dir basename */
     int threads;                 /* compute threads; 0 = all online cores */

@@ -173,6 +173,16 @@ typedef struct {
     double last_step_ms;     /* dol_now_ms() at the last loop iteration */
     bool idle;               /* nothing queued or running */
     bool draining;
+    /* Heartbeat: dol_now_ms() when the loop last made progress (a forward
+     * step finished, or it had nothing to do). Work pending (!idle) and no
+     * progress for long means a stuck step (the readiness probe says so). */
+    double last_progress_ms;
+    /* Device memory from dol_engine_memory_info (CUDA: the whole device;
+     * CPU: the KV pool stands in), sampled after each admission round and on
+     * idle ticks: the figure the readiness probe and /metrics report. */
+    size_t mem_used_bytes, mem_total_bytes;
+    size_t weight_bytes;     /* resident weights (dol_engine_weight_bytes) */
+    const char *backend;     /* "cpu" | "cuda" (a static string) */
 } dol_scheduler_stats;
 
 void dol_scheduler_get_stats(dol_scheduler *s, dol_scheduler_stats *st);

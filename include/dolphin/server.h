@@ -44,6 +44,11 @@ dol_server_state dol_server_get_state(const dol_server *s);
 int dol_server_port(const dol_server *s);
 /* Requests accepted and not yet answered completely (for draining). */
 int dol_server_inflight(const dol_server *s);
+/* Sample what readiness watches over time (device memory against
+ * vram_unready_ratio, for vram_unready_after_s). /healthz samples too;
+ * calling this every ~100 ms (dolphind's main thread does) makes "has
+ * stayed above for N seconds" hold between probes as well. Thread-safe. */
+void dol_server_watch(dol_server *s);
 /* Stop listening, close connections, free. */
 void dol_server_stop(dol_server *s);
 

@@ -76,11 +76,51 @@ typedef struct {
     int default_top_k;
 } dol_api_limits;
 
-/* A validated /v1/completions request. */
+/* ---- POST /v1/chat/completions: messages and the Llama-2 chat format ---- */
+
+#define DOL_API_MAX_MESSAGES 4096
+
+typedef enum {
+    DOL_CHAT_SYSTEM = 0,     /* "system" (or OpenAI's newer name "developer") */
+    DOL_CHAT_USER,
+    DOL_CHAT_ASSISTANT,
+} dol_chat_role;
+
 typedef struct {
+    dol_chat_role role;
+    char *content;           /* malloc'd, NUL-terminated */
+    size_t len;
+} dol_chat_message;
+
+/* Validate a "messages" array: each element an object with a role (system,
+ * developer, user, assistant) and a content that is a string or an array of
+ * {"type":"text","text":...} parts (joined with "\n"; null only for an
+ * assistant). Role order is checked by dol_api_chat_prompt_ids. 400 naming
+ * the field (e.g. "messages[2].content") on failure. */
+int dol_api_parse_messages(const cJSON *v, dol_chat_message **out, int *n,
+                           dol_api_error *e);
+void dol_api_messages_free(dol_chat_message *m, int n);
+
+/* The prompt token ids of a conversation in Llama-2's chat format, built the
+ * way Meta's reference chat_completion builds them: a leading system message
+ * is merged into the first user message as "<<SYS>>\n{system}\n<</SYS>>\n\n
+ * {user}"; the roles must then alternate user/assistant and end with user
+ * (else 400 naming "messages"); each finished pair is encoded on its own as
+ * "[INST] {user} [/INST] {answer} " (contents stripped of surrounding
+ * whitespace as Python's str.strip does) between a BOS id and an EOS id; the
+ * last user turn as "[INST] {user} [/INST]" after a BOS id. Text that looks
+ * like a special token stays literal text. *ids is malloc'd. */
+int dol_api_chat_prompt_ids(const dol_tokenizer *tok, const dol_chat_message *m,
+                            int n, int32_t **ids, int *n_ids, dol_api_error *e);
+
+/* A validated /v1/completions or /v1/chat/completions request. */
+typedef struct {
+    bool chat;               /* parsed by dol_api_parse_chat */
     char *model;             /* as sent, or NULL when absent */
-    dol_api_prompt *prompts; /* n_prompts >= 1 */
+    dol_api_prompt *prompts; /* completions: n_prompts >= 1 */
     int n_prompts;
+    dol_chat_message *messages; /* chat: n_messages >= 1 */
+    int n_messages;
     int64_t max_tokens;      /* >= 0 */
     bool max_tokens_given;
     int n;                   /* choices per prompt, 1..DOL_API_MAX_N */
@@ -91,9 +131,11 @@ typedef struct {
     int n_stop;
     bool stream;
     bool include_usage;      /* stream_options.include_usage */
-    int logprobs;            /* -1 = off, else 0..DOL_MAX_LOGPROBS */
+    int logprobs;            /* -1 = off, else 0..DOL_MAX_LOGPROBS (chat:
+                                logprobs true -> top_logprobs, default 0) */
     bool echo;
     bool ignore_eos;
+    bool return_token_ids;   /* vLLM's extension: token ids in the response */
 } dol_completion_params;
 
 /* Validate every known field of a /v1/completions body (unknown fields are
@@ -101,6 +143,14 @@ typedef struct {
  * left freeable either way. */
 int dol_api_parse_completion(const cJSON *body, const dol_api_limits *lim,
                              dol_completion_params *p, dol_api_error *e);
+/* The same for a /v1/chat/completions body (messages, max_tokens or
+ * max_completion_tokens, logprobs as a boolean plus top_logprobs). When no
+ * max_tokens is given, max_tokens_given is false: generation runs until EOS
+ * or the end of the context. Fields that would change the result but are
+ * not supported (tools, functions, response_format other than text) are
+ * refused by name. */
+int dol_api_parse_chat(const cJSON *body, const dol_api_limits *lim,
+                       dol_completion_params *p, dol_api_error *e);
 void dol_api_completion_params_free(dol_completion_params *p);
 
 /* 400 context_length_exceeded when n_prompt + max_tokens > context_len. */
@@ -111,9 +161,12 @@ int dol_api_check_context(int n_prompt, int64_t max_tokens, int context_len,
 
 /* Identity of one completion response (shared by all its stream chunks). */
 typedef struct {
-    const char *id;          /* "cmpl-..." */
+    const char *id;          /* "cmpl-..." or "chatcmpl-..." */
     const char *model;
     int64_t created;         /* unix seconds */
+    const int32_t *prompt_ids; /* chat: top-level "prompt_token_ids" when
+                                  non-NULL (return_token_ids) */
+    int n_prompt_ids;
 } dol_api_meta;
 
 /* One choice as it goes into a response or a stream chunk. */
@@ -123,6 +176,11 @@ typedef struct {
     size_t text_len;
     const char *finish;      /* "stop" | "length" | NULL (null) */
     cJSON *logprobs;         /* taken over; NULL = null */
+    const int32_t *token_ids;/* "token_ids" when non-NULL (return_token_ids) */
+    int n_token_ids;
+    const int32_t *prompt_ids; /* completions: "prompt_token_ids" when non-NULL */
+    int n_prompt_ids;
+    bool role;               /* chat chunks: the delta carries the role */
 } dol_api_choice;
 
 /* Usage figures; prompt_tokens < 0 leaves "usage" out. */
@@ -134,6 +192,28 @@ typedef struct {
  * "usage"?}. Takes over each choice's logprobs. NULL on OOM. */
 cJSON *dol_api_completion_json(const dol_api_meta *m, dol_api_choice *ch,
                                int n_choices, const dol_api_usage *usage);
+
+/* {"id","object":"chat.completion","created","model","choices":[{"index",
+ * "message":{"role":"assistant","content"},"logprobs","finish_reason"}],
+ * "usage"?}. Takes over each choice's logprobs. NULL on OOM. */
+cJSON *dol_api_chat_json(const dol_api_meta *m, dol_api_choice *ch,
+                         int n_choices, const dol_api_usage *usage);
+/* One chat.completion.chunk: each choice's delta carries "role" when
+ * ch.role, "content" when ch.text is non-NULL; usage (choices: []) when
+ * given. Takes over each choice's logprobs. NULL on OOM. */
+cJSON *dol_api_chat_chunk_json(const dol_api_meta *m, dol_api_choice *ch,
+                               int n_choices, const dol_api_usage *usage);
+/* Chat logprobs: {"content":[{"token","logprob","bytes","top_logprobs":
+ * [{"token","logprob","bytes"}]}]} over n entries. */
+cJSON *dol_api_chat_logprobs_json(const dol_tokenizer *tok,
+                                  const dol_token_logprob *lps, int n);
+
+/* A JSON string from n bytes of text. The text is meant to be valid UTF-8
+ * already; should a byte slip through that is not, it becomes U+FFFD so the
+ * JSON stays valid. NULL on OOM. */
+cJSON *dol_api_string_n(const char *s, size_t n);
+/* A JSON array of token ids. NULL on OOM. */
+cJSON *dol_api_ids_json(const int32_t *ids, int n);
 
 /* Server-Sent Event framing: "data: <json>\n\n" (takes over j and frees it),
  * or "data: [DONE]\n\n" when j is NULL. malloc'd; NULL on OOM. */
@@ -157,6 +237,25 @@ cJSON *dol_api_logprobs_json(const dol_tokenizer *tok,
 int dol_api_logprobs_append(cJSON *obj, const dol_tokenizer *tok,
                             const dol_token_logprob *lps, const int *offsets,
                             int n);
+
+/* ---- POST /tokenize, POST /detokenize (vLLM-like) ------------------------- */
+
+typedef struct {
+    char *model;             /* as sent, or NULL */
+    char *prompt;            /* text to encode, or NULL when messages given */
+    size_t prompt_len;
+    bool add_special_tokens; /* default true: BOS before the text */
+    dol_chat_message *messages; /* encoded in the chat format instead */
+    int n_messages;
+} dol_tokenize_params;
+
+/* {"prompt": str, "add_special_tokens"?: bool} or {"messages": [...]}. */
+int dol_api_parse_tokenize(const cJSON *body, dol_tokenize_params *p,
+                           dol_api_error *e);
+void dol_api_tokenize_params_free(dol_tokenize_params *p);
+/* {"tokens": [ids in [0, vocab)]}: *ids malloc'd (non-NULL even when empty). */
+int dol_api_parse_detokenize(const cJSON *body, int vocab_size, char **model,
+                             int32_t **ids, int *n, dol_api_error *e);
 
 #ifdef __cplusplus
 }

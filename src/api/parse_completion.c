@@ -1,6 +1,8 @@
-/* src/api/parse_completion.c — validation of POST /v1/completions bodies.
+/* src/api/parse_completion.c — validation of POST /v1/completions and
+ * POST /v1/chat/completions bodies.
  *
- * Table-driven: FIELDS lists every known field with its parser; a field that
+ * Table-driven: FIELDS lists every known field with its parser and the
+ * endpoints that know it (the two share the sampling fields); a field that
  * is absent or null keeps its default; unknown fields are ignored. Every
  * error is a 400 naming the field (param) and saying what was expected.
  * Checks that involve several fields run after the table. */
@@ -414,34 +416,202 @@ static int f_user(const cJSON *v, const dol_api_limits *lim,
     return 0;
 }
 
+/* ---- fields of /v1/completions only -------------------------------------- */
+
+static int f_suffix(const cJSON *v, const dol_api_limits *lim,
+                    dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim; (void)p;
+    if (!cJSON_IsString(v)) {
+        dol_api_error_invalid(e, "suffix", "'suffix' must be a string.");
+        return -1;
+    }
+    if (v->valuestring[0]) {
+        dol_api_error_invalid(e, "suffix", "'suffix' (insertion) is not supported by this "
+                              "model; leave it out.");
+        return -1;
+    }
+    return 0;
+}
+
+static int f_return_token_ids(const cJSON *v, const dol_api_limits *lim,
+                              dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    return get_bool(v, "return_token_ids", &p->return_token_ids, e);
+}
+
+/* ---- fields of /v1/chat/completions only --------------------------------- */
+
+static int f_messages(const cJSON *v, const dol_api_limits *lim,
+                      dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    return dol_api_parse_messages(v, &p->messages, &p->n_messages, e);
+}
+
+static int f_max_completion_tokens(const cJSON *v, const dol_api_limits *lim,
+                                   dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    int64_t x;
+    if (get_int(v, "max_completion_tokens", 1, (int64_t)1 << 53, &x, e)) return -1;
+    p->max_tokens = x;   /* wins over the older max_tokens */
+    p->max_tokens_given = true;
+    return 0;
+}
+
+/* logprobs: true | false; its number of alternatives is top_logprobs. */
+static int f_chat_logprobs(const cJSON *v, const dol_api_limits *lim,
+                           dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    bool on = false;
+    if (get_bool(v, "logprobs", &on, e)) return -1;
+    p->logprobs = on ? 0 : -1;
+    return 0;
+}
+
+/* Runs after f_chat_logprobs (table order). OpenAI allows up to 20. */
+static int f_top_logprobs(const cJSON *v, const dol_api_limits *lim,
+                          dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    int64_t x;
+    if (get_int(v, "top_logprobs", 0, 20, &x, e)) return -1;
+    if (x > DOL_MAX_LOGPROBS) {
+        dol_api_error_invalid(e, "top_logprobs", "'top_logprobs' is %lld; this server "
+                              "returns at most %d alternatives.", (long long)x, DOL_MAX_LOGPROBS);
+        return -1;
+    }
+    if (p->logprobs < 0) {
+        dol_api_error_invalid(e, "top_logprobs",
+                              "'top_logprobs' requires 'logprobs' to be true.");
+        return -1;
+    }
+    p->logprobs = (int)x;
+    return 0;
+}
+
+/* tools / functions: only an empty list is accepted (no tool calling). */
+static int refuse_nonempty_list(const cJSON *v, const char *name, dol_api_error *e)
+{
+    if (!cJSON_IsArray(v)) {
+        dol_api_error_invalid(e, name, "'%s' must be an array.", name);
+        return -1;
+    }
+    if (cJSON_GetArraySize(v) > 0) {
+        dol_api_error_invalid(e, name, "'%s' is not supported: this server does no tool or "
+                              "function calling.", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int f_tools(const cJSON *v, const dol_api_limits *lim,
+                   dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim; (void)p;
+    return refuse_nonempty_list(v, "tools", e);
+}
+
+static int f_functions(const cJSON *v, const dol_api_limits *lim,
+                       dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim; (void)p;
+    return refuse_nonempty_list(v, "functions", e);
+}
+
+/* tool_choice / function_call: "none" and "auto" (nothing to call) are fine;
+ * forcing a call is not. */
+static int refuse_forced_call(const cJSON *v, const char *name, dol_api_error *e)
+{
+    if (cJSON_IsString(v) && (strcmp(v->valuestring, "none") == 0 ||
+                              strcmp(v->valuestring, "auto") == 0))
+        return 0;
+    dol_api_error_invalid(e, name, "'%s' is not supported: this server does no tool or "
+                          "function calling (only \"none\" or \"auto\").", name);
+    return -1;
+}
+
+static int f_tool_choice(const cJSON *v, const dol_api_limits *lim,
+                         dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim; (void)p;
+    return refuse_forced_call(v, "tool_choice", e);
+}
+
+static int f_function_call(const cJSON *v, const dol_api_limits *lim,
+                           dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim; (void)p;
+    return refuse_forced_call(v, "function_call", e);
+}
+
+static int f_response_format(const cJSON *v, const dol_api_limits *lim,
+                             dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim; (void)p;
+    const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+    if (!cJSON_IsString(t)) {
+        dol_api_error_invalid(e, "response_format",
+                              "'response_format' must be an object with a string 'type'.");
+        return -1;
+    }
+    if (strcmp(t->valuestring, "text") != 0) {
+        dol_api_error_invalid(e, "response_format", "'response_format' of type '%.64s' is not "
+                              "supported (only \"text\").", t->valuestring);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the tables ----------------------------------------------------------- */
+
 typedef int (*field_fn)(const cJSON *v, const dol_api_limits *lim,
                         dol_completion_params *p, dol_api_error *e);
 
+enum { CMPL = 1, CHAT = 2, BOTH = CMPL | CHAT };
+
+/* In order: a parser may rely on an earlier one (top_logprobs on logprobs,
+ * max_completion_tokens over max_tokens). */
 static const struct {
     const char *name;
+    unsigned where;
     field_fn parse;
 } FIELDS[] = {
-    {"model", f_model},
-    {"prompt", f_prompt},
-    {"max_tokens", f_max_tokens},
-    {"temperature", f_temperature},
-    {"top_p", f_top_p},
-    {"top_k", f_top_k},
-    {"min_p", f_min_p},
-    {"presence_penalty", f_presence_penalty},
-    {"frequency_penalty", f_frequency_penalty},
-    {"repetition_penalty", f_repetition_penalty},
-    {"logit_bias", f_logit_bias},
-    {"n", f_n},
-    {"best_of", f_best_of},
-    {"stop", f_stop},
-    {"stream", f_stream},
-    {"stream_options", f_stream_options},
-    {"seed", f_seed},
-    {"logprobs", f_logprobs},
-    {"echo", f_echo},
-    {"ignore_eos", f_ignore_eos},
-    {"user", f_user},
+    {"model", BOTH, f_model},
+    {"prompt", CMPL, f_prompt},
+    {"messages", CHAT, f_messages},
+    {"max_tokens", BOTH, f_max_tokens},
+    {"max_completion_tokens", CHAT, f_max_completion_tokens},
+    {"temperature", BOTH, f_temperature},
+    {"top_p", BOTH, f_top_p},
+    {"top_k", BOTH, f_top_k},
+    {"min_p", BOTH, f_min_p},
+    {"presence_penalty", BOTH, f_presence_penalty},
+    {"frequency_penalty", BOTH, f_frequency_penalty},
+    {"repetition_penalty", BOTH, f_repetition_penalty},
+    {"logit_bias", BOTH, f_logit_bias},
+    {"n", BOTH, f_n},
+    {"best_of", CMPL, f_best_of},
+    {"suffix", CMPL, f_suffix},
+    {"stop", BOTH, f_stop},
+    {"stream", BOTH, f_stream},
+    {"stream_options", BOTH, f_stream_options},
+    {"seed", BOTH, f_seed},
+    {"logprobs", CMPL, f_logprobs},
+    {"logprobs", CHAT, f_chat_logprobs},
+    {"top_logprobs", CHAT, f_top_logprobs},
+    {"echo", CMPL, f_echo},
+    {"ignore_eos", BOTH, f_ignore_eos},
+    {"user", BOTH, f_user},
+    {"return_token_ids", BOTH, f_return_token_ids},
+    {"tools", CHAT, f_tools},
+    {"tool_choice", CHAT, f_tool_choice},
+    {"functions", CHAT, f_functions},
+    {"function_call", CHAT, f_function_call},
+    {"response_format", CHAT, f_response_format},
 };
 
 static void defaults(dol_completion_params *p, const dol_api_limits *lim)
@@ -456,6 +626,17 @@ static void defaults(dol_completion_params *p, const dol_api_limits *lim)
     p->logprobs = -1;
 }
 
+static int common_checks(const cJSON *body, dol_completion_params *p, dol_api_error *e)
+{
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
+    if (so && !cJSON_IsNull(so) && !p->stream) {
+        dol_api_error_invalid(e, "stream_options",
+                              "'stream_options' is only allowed when 'stream' is true.");
+        return -1;
+    }
+    return 0;
+}
+
 static int cross_checks(const cJSON *body, dol_completion_params *p,
                         dol_api_error *e)
 {
@@ -468,16 +649,41 @@ static int cross_checks(const cJSON *body, dol_completion_params *p,
                               "'max_tokens' must be at least 1 (0 is only allowed with echo).");
         return -1;
     }
-    const cJSON *so = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
-    if (so && !cJSON_IsNull(so) && !p->stream) {
-        dol_api_error_invalid(e, "stream_options",
-                              "'stream_options' is only allowed when 'stream' is true.");
-        return -1;
-    }
     const cJSON *bo = cJSON_GetObjectItemCaseSensitive(body, "best_of");
     if (bo && !cJSON_IsNull(bo) && (int)bo->valuedouble != p->n) {
         dol_api_error_invalid(e, "best_of", "'best_of' other than n is not supported.");
         return -1;
+    }
+    return common_checks(body, p, e);
+}
+
+static int chat_checks(const cJSON *body, dol_completion_params *p, dol_api_error *e)
+{
+    if (p->n_messages == 0) {
+        dol_api_error_invalid(e, "messages", "Missing required parameter 'messages'.");
+        return -1;
+    }
+    if (p->max_tokens_given && p->max_tokens == 0) {
+        dol_api_error_invalid(e, "max_tokens", "'max_tokens' must be at least 1.");
+        return -1;
+    }
+    return common_checks(body, p, e);
+}
+
+static int parse_fields(const cJSON *body, const dol_api_limits *lim, unsigned where,
+                        dol_completion_params *p, dol_api_error *e)
+{
+    defaults(p, lim);
+    p->chat = where == CHAT;
+    if (!cJSON_IsObject(body)) {
+        dol_api_error_invalid(e, NULL, "The request body must be a JSON object.");
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++) {
+        if (!(FIELDS[i].where & where)) continue;
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, FIELDS[i].name);
+        if (!v || cJSON_IsNull(v)) continue;
+        if (FIELDS[i].parse(v, lim, p, e)) return -1;
     }
     return 0;
 }
@@ -485,17 +691,15 @@ static int cross_checks(const cJSON *body, dol_completion_params *p,
 int dol_api_parse_completion(const cJSON *body, const dol_api_limits *lim,
                              dol_completion_params *p, dol_api_error *e)
 {
-    defaults(p, lim);
-    if (!cJSON_IsObject(body)) {
-        dol_api_error_invalid(e, NULL, "The request body must be a JSON object.");
-        return -1;
-    }
-    for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, FIELDS[i].name);
-        if (!v || cJSON_IsNull(v)) continue;
-        if (FIELDS[i].parse(v, lim, p, e)) return -1;
-    }
+    if (parse_fields(body, lim, CMPL, p, e)) return -1;
     return cross_checks(body, p, e);
+}
+
+int dol_api_parse_chat(const cJSON *body, const dol_api_limits *lim,
+                       dol_completion_params *p, dol_api_error *e)
+{
+    if (parse_fields(body, lim, CHAT, p, e)) return -1;
+    return chat_checks(body, p, e);
 }
 
 void dol_api_completion_params_free(dol_completion_params *p)
@@ -507,6 +711,7 @@ void dol_api_completion_params_free(dol_completion_params *p)
         free(p->prompts[i].ids);
     }
     free(p->prompts);
+    dol_api_messages_free(p->messages, p->n_messages);
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
     memset(p, 0, sizeof *p);
 }

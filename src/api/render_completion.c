@@ -1,6 +1,6 @@
 /* src/api/render_completion.c — response JSON for /v1/completions: the
  * text_completion object (whole responses and stream chunks), SSE framing,
- * and the legacy logprobs object. */
+ * the legacy logprobs object, and the helpers render_chat.c shares. */
 #include "api/api.h"
 
 #include <stdio.h>
@@ -16,10 +16,7 @@ static size_t utf8_seq(const char *s, size_t n)
     return k && k <= n && dol_api_utf8_valid(s, k) ? k : 0;
 }
 
-/* A JSON string from n bytes of text. The text is meant to be valid UTF-8
- * already; should a byte slip through that is not, it becomes U+FFFD so the
- * JSON stays valid. */
-static cJSON *string_n(const char *s, size_t n)
+cJSON *dol_api_string_n(const char *s, size_t n)
 {
     char *tmp = malloc(3 * n + 1);
     if (!tmp) return NULL;
@@ -42,6 +39,20 @@ static cJSON *string_n(const char *s, size_t n)
     return j;
 }
 
+cJSON *dol_api_ids_json(const int32_t *ids, int n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) {
+        cJSON *x = cJSON_CreateNumber(ids[i]);
+        if (!x) {
+            cJSON_Delete(a);
+            return NULL;
+        }
+        cJSON_AddItemToArray(a, x);
+    }
+    return a;
+}
+
 cJSON *dol_api_completion_json(const dol_api_meta *m, dol_api_choice *ch,
                                int n_choices, const dol_api_usage *usage)
 {
@@ -58,7 +69,7 @@ cJSON *dol_api_completion_json(const dol_api_meta *m, dol_api_choice *ch,
         if (!c) goto fail;
         cJSON_AddItemToArray(arr, c);
         cJSON_AddNumberToObject(c, "index", ch[i].index);
-        cJSON *t = string_n(ch[i].text ? ch[i].text : "", ch[i].text ? ch[i].text_len : 0);
+        cJSON *t = dol_api_string_n(ch[i].text ? ch[i].text : "", ch[i].text ? ch[i].text_len : 0);
         if (!t) goto fail;
         cJSON_AddItemToObject(c, "text", t);
         cJSON_AddItemToObject(c, "logprobs",
@@ -67,6 +78,12 @@ cJSON *dol_api_completion_json(const dol_api_meta *m, dol_api_choice *ch,
         cJSON_AddItemToObject(c, "finish_reason",
                               ch[i].finish ? cJSON_CreateString(ch[i].finish)
                                            : cJSON_CreateNull());
+        if (ch[i].prompt_ids)
+            cJSON_AddItemToObject(c, "prompt_token_ids",
+                                  dol_api_ids_json(ch[i].prompt_ids, ch[i].n_prompt_ids));
+        if (ch[i].token_ids)
+            cJSON_AddItemToObject(c, "token_ids",
+                                  dol_api_ids_json(ch[i].token_ids, ch[i].n_token_ids));
     }
     if (usage && usage->prompt_tokens >= 0) {
         cJSON *u = cJSON_AddObjectToObject(root, "usage");

@@ -58,6 +58,18 @@ static const field FIELDS[] = {
     { .name = "max_body_bytes", .type = F_SIZE, AT(max_body_bytes), .min = 1024,
       .max = NONE, .bytes = true, .def = "1MiB", .metavar = "SIZE",
       .help = "largest request body; larger ones get 413" },
+    { .name = "max_connections", .type = F_INT, AT(max_connections), .min = 1,
+      .max = 65536, .def = "512", .metavar = "N",
+      .help = "most open client connections; further ones wait to be accepted "
+              "until one closes" },
+    { .name = "max_connections_per_ip", .type = F_INT, AT(max_connections_per_ip),
+      .min = 0, .max = 65536, .def = "0", .metavar = "N",
+      .help = "most open connections from one client address; 0 = no limit "
+              "(keep 0 behind a proxy)" },
+    { .name = "connection_timeout_s", .type = F_INT, AT(connection_timeout_s), .min = 0,
+      .max = 86400, .def = "75", .metavar = "S",
+      .help = "close a connection after this long without traffic (a request waiting "
+              "for its model output is exempt); 0 = never" },
     /* model */
     { .name = "model", .type = F_STR, AT(model), .def = "", .metavar = "DIR",
       .help = "Hugging Face model directory (required; relative to the working directory)",

@@ -30,6 +30,11 @@ struct dol_server {
     const dol_model *model;
     const dol_tokenizer *tok;
     dol_scheduler *sched;
+
+    /* readiness memory watch (src/http/routes_info.c, under its own lock) */
+    bool mem_above;              /* above vram_unready_ratio at the last sample */
+    double mem_above_since_ms;   /* since when, continuously */
+    bool mem_unready;            /* above for vram_unready_after_s: /healthz 503 */
 };
 
 /* What the handlers use of the attached objects, read under s->mu. */
@@ -79,7 +84,10 @@ typedef struct dol_http_req {
     bool suspended;              /* MHD has the connection suspended */
     bool pending;                /* an event came while not suspended */
 
-    /* /v1/completions */
+    /* /v1/completions and /v1/chat/completions (route_completions.c) */
+    bool chat;                   /* chat.completion objects, no echo */
+    bool return_token_ids;
+    bool preamble_sent;          /* echo / role / prompt ids chunks (stream) */
     const dol_tokenizer *tok;
     char model_name[256];
     char cmpl_id[48];
@@ -95,7 +103,7 @@ typedef struct dol_http_req {
     size_t *sent_text;
     int *sent_lps;
     bool *sent_finish;
-    bool echo_sent, stream_over;
+    bool stream_over;
     char *out;                   /* SSE bytes not yet handed to MHD */
     size_t out_len, out_off, out_cap;
 } dol_http_req;
@@ -153,10 +161,60 @@ void dol_http_completions_cleanup(dol_http_req *c, int *prompt_tokens,
                                   int *completion_tokens, double *queue_ms,
                                   double *ttft_ms);
 
+/* The generation routes share route_completions.c's machinery: a route
+ * parses its body into dol_completion_params, calls dol_http_gen_prepare,
+ * then dol_http_gen_add once per prompt (ids taken over), then
+ * dol_http_gen_submit, which queues the requests and answers (whole or
+ * streamed) when they are done. */
+/* Not ready / not loaded -> 503; else fills a and c's identity (id with
+ * "cmpl-" or "chatcmpl-" per c->chat, created, model name). */
+int dol_http_gen_begin(dol_http_req *c, dol_http_attached *a, dol_api_error *e);
+/* Content-Type check (415) and the body as one JSON object (400). */
+cJSON *dol_http_body_json(dol_http_req *c, dol_api_error *e);
+void dol_http_api_limits(const dol_http_req *c, const dol_http_attached *a,
+                         dol_api_limits *lim);
+/* 404 model_not_found unless model is NULL or the served name. */
+int dol_http_check_model(const char *model, const dol_http_attached *a, dol_api_error *e);
+int dol_http_gen_prepare(dol_http_req *c, const dol_http_attached *a,
+                         const dol_completion_params *p, int n_reqs, dol_api_error *e);
+int dol_http_gen_add(dol_http_req *c, const dol_http_attached *a,
+                     const dol_completion_params *p, int index, int32_t *ids, int n_ids,
+                     dol_api_error *e);
+enum MHD_Result dol_http_gen_submit(dol_http_req *c);
+
+/* POST /v1/chat/completions (route_chat.c). */
+enum MHD_Result dol_http_chat(dol_http_req *c);
+/* POST /tokenize and POST /detokenize (route_tokenize.c). */
+enum MHD_Result dol_http_tokenize(dol_http_req *c);
+enum MHD_Result dol_http_detokenize(dol_http_req *c);
+
 /* 0 when READY, else -1 with the 503 for the current state in e. */
 int dol_http_not_ready(dol_http_req *c, dol_api_error *e);
 enum MHD_Result dol_http_models(dol_http_req *c, const char *id);
 enum MHD_Result dol_http_healthz(dol_http_req *c);
 enum MHD_Result dol_http_livez(dol_http_req *c);
+
+/* Readiness as /healthz judges it (src/http/routes_info.c). */
+typedef struct {
+    dol_server_state state;
+    bool have_sched;
+    dol_scheduler_stats st;      /* zero without a scheduler */
+    double mem_ratio;            /* st.mem_used_bytes / st.mem_total_bytes */
+    double mem_above_s;          /* how long it has been above vram_unready_ratio */
+    bool mem_unready;            /* ... for vram_unready_after_s */
+    double loop_age_ms;          /* since the scheduler loop last ticked */
+    double progress_age_ms;      /* since it last made progress, 0 when idle */
+    bool stalled;                /* work pending and no progress for too long */
+    bool ready;                  /* every condition met: 200 */
+} dol_http_readiness;
+void dol_http_readiness_get(dol_server *s, dol_http_readiness *r);
+
+/* GET /metrics (src/http/route_metrics.c), and the per-request hook the
+ * completed callback calls with the figures it logs (n_seqs: sequences the
+ * request generated, for the time per output token). */
+enum MHD_Result dol_http_metrics(dol_http_req *c);
+void dol_http_metrics_record(const dol_http_req *c, int status, int prompt_tokens,
+                             int completion_tokens, double queue_ms, double ttft_ms,
+                             double total_ms, int n_seqs);
 
 #endif

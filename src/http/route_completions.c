@@ -1,10 +1,16 @@
-/* src/http/route_completions.c — POST /v1/completions over MHD: validate,
- * tokenize, build one dol_request per prompt, submit, then wait with the
- * connection suspended. Non-streaming: answer the whole JSON once every
- * request is done. Streaming: once the first output (or an early failure)
- * arrives, queue a text/event-stream response whose content reader emits
- * the new text of each choice as SSE chunks, suspending when nothing is
- * ready; the scheduler's on_event resumes it (src/http/registry.c). */
+/* src/http/route_completions.c — POST /v1/completions over MHD, and the
+ * machinery it shares with POST /v1/chat/completions (route_chat.c):
+ * validate, tokenize, build one dol_request per prompt, submit, then wait
+ * with the connection suspended. Non-streaming: answer the whole JSON once
+ * every request is done. Streaming: once the first output (or an early
+ * failure) arrives, queue a text/event-stream response whose content reader
+ * emits the new text of each choice as SSE chunks, suspending when nothing
+ * is ready; the scheduler's on_event resumes it (src/http/registry.c).
+ *
+ * Choices are numbered across prompts: choice i of prompt p is p * n + i.
+ * Text only ever comes from the scheduler's emit-safe text (whole UTF-8
+ * characters, never part of a stop string), so the streamed pieces add up
+ * to the whole response's text. */
 #include "http/http.h"
 
 #include <stdio.h>
@@ -65,14 +71,26 @@ static const char *finish_str(dol_finish_reason f)
 
 static dol_api_meta meta_of(const dol_http_req *c)
 {
-    dol_api_meta m = {c->cmpl_id, c->model_name, c->created};
+    dol_api_meta m = {c->cmpl_id, c->model_name, c->created, NULL, 0};
     return m;
 }
 
-/* Logprobs of a choice's tokens [from, to) with their text offsets. */
+/* Echo with logprobs needs the prompt's logprobs, which the scheduler hands
+ * over once the prompt is in (or the request ended). Call under r->mu. */
+static bool prompt_lps_ready(const dol_http_req *c, const dol_request *r)
+{
+    return !c->echo || c->logprobs < 0 || r->prompt_lps || r->done || request_failed(r);
+}
+
+/* ---- logprobs ----------------------------------------------------------- */
+
+/* Logprobs of a choice's tokens [from, to): the legacy completions object
+ * (with text offsets, shifted by base) or the chat one. */
 static cJSON *choice_logprobs(const dol_http_req *c, const dol_choice *ch,
                               int from, int to, size_t base)
 {
+    if (c->chat) return dol_api_chat_logprobs_json(c->tok, ch->lps ? ch->lps + from : NULL,
+                                                   ch->lps && to > from ? to - from : 0);
     if (!ch->lps || to <= from) return dol_api_logprobs_json(c->tok, NULL, NULL, 0);
     int *off = malloc((size_t)(to - from) * sizeof *off);
     if (!off) return NULL;
@@ -83,21 +101,43 @@ static cJSON *choice_logprobs(const dol_http_req *c, const dol_choice *ch,
     return lp;
 }
 
-/* Logprobs of an echoed prompt (entry 0 carries no logprob). */
-static cJSON *prompt_logprobs(const dol_http_req *c, const dol_request *r)
+/* Logprobs of an echoed prompt (entry 0 carries none). The offset of each
+ * prompt token is where its text starts in decode(prompt), found with the
+ * incremental detokenizer; capped at the echoed text's length. */
+static cJSON *prompt_logprobs(const dol_http_req *c, const dol_request *r, size_t echo_len)
 {
     if (!r->prompt_lps) return dol_api_logprobs_json(c->tok, NULL, NULL, 0);
     int *off = malloc((size_t)r->n_prompt * sizeof *off);
-    if (!off) return NULL;
-    int pos = 0;
-    char buf[256];
-    for (int j = 0; j < r->n_prompt; j++) {
-        off[j] = pos;
-        pos += (int)strlen(dol_api_token_text(c->tok, r->prompt_lps[j].id, buf, sizeof buf));
+    dol_detok *d = dol_detok_new(c->tok, r->prompt_ids, 0);
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    cJSON *lp = NULL;
+    if (off && d) {
+        for (int j = 0; j < r->n_prompt; j++) {
+            off[j] = (int)(len < echo_len ? len : echo_len);
+            if (dol_detok_push(d, r->prompt_ids[j], &text, &len, &cap) < 0) break;
+        }
+        lp = dol_api_logprobs_json(c->tok, r->prompt_lps, off, r->n_prompt);
     }
-    cJSON *lp = dol_api_logprobs_json(c->tok, r->prompt_lps, off, r->n_prompt);
+    dol_detok_free(d);
+    free(text);
     free(off);
     return lp;
+}
+
+/* Move the entries of src's arrays to the end of dst's (echo: the prompt's
+ * entries come first, then the generated ones). Frees src. */
+static void logprobs_concat(cJSON *dst, cJSON *src)
+{
+    static const char *keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    for (int q = 0; q < 4; q++) {
+        cJSON *to = cJSON_GetObjectItemCaseSensitive(dst, keys[q]);
+        cJSON *from = cJSON_GetObjectItemCaseSensitive(src, keys[q]);
+        cJSON *x;
+        while (to && from && (x = cJSON_DetachItemViaPointer(from, from->child)))
+            cJSON_AddItemToArray(to, x);
+    }
+    cJSON_Delete(src);
 }
 
 /* ---- non-streaming response --------------------------------------------- */
@@ -136,23 +176,22 @@ static enum MHD_Result respond_whole(dol_http_req *c)
             ch[k].text_len = elen + rc->text_len;
             ch[k].finish = finish_str(rc->finish);
             usage.completion_tokens += rc->n_ids;
+            /* Every request is done here (or failed, and nothing of this
+             * is used): the ids no longer change. */
+            if (c->return_token_ids) {
+                ch[k].token_ids = rc->ids;
+                ch[k].n_token_ids = rc->n_ids;
+                if (!c->chat) {
+                    ch[k].prompt_ids = r->prompt_ids;
+                    ch[k].n_prompt_ids = r->n_prompt;
+                }
+            }
             if (c->logprobs >= 0) {
                 cJSON *lp = choice_logprobs(c, rc, 0, rc->n_ids, elen);
                 if (lp && c->echo) {
-                    cJSON *pl = prompt_logprobs(c, r);
+                    cJSON *pl = prompt_logprobs(c, r, elen);
                     if (pl) {
-                        /* prompt entries first, then the generated ones */
-                        const char *keys[] = {"tokens", "token_logprobs", "top_logprobs",
-                                              "text_offset"};
-                        for (int q = 0; q < 4; q++) {
-                            cJSON *dst = cJSON_GetObjectItemCaseSensitive(pl, keys[q]);
-                            cJSON *src = cJSON_DetachItemFromObjectCaseSensitive(lp, keys[q]);
-                            cJSON *x;
-                            while (src && (x = cJSON_DetachItemViaPointer(src, src->child)))
-                                cJSON_AddItemToArray(dst, x);
-                            cJSON_Delete(src);
-                        }
-                        cJSON_Delete(lp);
+                        logprobs_concat(pl, lp);
                         lp = pl;
                     }
                 }
@@ -168,7 +207,13 @@ static enum MHD_Result respond_whole(dol_http_req *c)
         ret = dol_http_send_error(c, &e);
     } else {
         dol_api_meta m = meta_of(c);
-        ret = dol_http_send_cjson(c, 200, dol_api_completion_json(&m, ch, total, &usage));
+        if (c->chat && c->return_token_ids) {
+            m.prompt_ids = c->reqs[0]->prompt_ids;
+            m.n_prompt_ids = c->reqs[0]->n_prompt;
+        }
+        cJSON *j = c->chat ? dol_api_chat_json(&m, ch, total, &usage)
+                           : dol_api_completion_json(&m, ch, total, &usage);
+        ret = dol_http_send_cjson(c, 200, j);
     }
     for (int k = 0; ch && k < total; k++) cJSON_Delete(ch[k].logprobs);
     for (int k = 0; texts && k < total; k++) free(texts[k]);
@@ -179,12 +224,11 @@ static enum MHD_Result respond_whole(dol_http_req *c)
 
 /* ---- streaming ---------------------------------------------------------- */
 
-static int emit_choice(dol_http_req *c, int index, const char *text, size_t len,
-                       const char *finish, cJSON *lp)
+/* One chunk with one choice (takes over ch->logprobs). */
+static int emit_choice(dol_http_req *c, dol_api_choice *ch, const dol_api_meta *m)
 {
-    dol_api_meta m = meta_of(c);
-    dol_api_choice ch = {index, text, len, finish, lp};
-    cJSON *j = dol_api_completion_json(&m, &ch, 1, NULL);
+    cJSON *j = c->chat ? dol_api_chat_chunk_json(m, ch, 1, NULL)
+                       : dol_api_completion_json(m, ch, 1, NULL);
     return j ? emit(c, j) : -1;
 }
 
@@ -198,30 +242,92 @@ static int emit_error_event(dol_http_req *c, const dol_api_error *e)
     return 0;
 }
 
-/* Move whatever is new in the requests into SSE events in c->out. */
-static int produce(dol_http_req *c)
+/* The chunks before any generated text, one per choice: chat's role chunk
+ * ({"role":"assistant","content":""}); for completions the echoed prompt
+ * (with its logprobs) and, with return_token_ids, the prompt's ids. Called
+ * under each request's mutex in turn. */
+static int emit_preamble(dol_http_req *c)
 {
-    if (c->echo && !c->echo_sent) {
-        for (int p = 0; p < c->n_reqs; p++) {
-            dol_request *r = c->reqs[p];
-            for (int i = 0; i < c->n; i++) {
-                cJSON *lp = NULL;
-                if (c->logprobs >= 0) {
-                    pthread_mutex_lock(&r->mu);
-                    lp = prompt_logprobs(c, r);
-                    pthread_mutex_unlock(&r->mu);
-                }
-                const char *t = c->echo_text[p];
-                if (emit_choice(c, p * c->n + i, t, strlen(t), NULL, lp)) return -1;
-            }
-        }
-        c->echo_sent = true;
-    }
-    bool all_over = true;
-    int64_t prompt_tokens = 0, completion_tokens = 0;
     for (int p = 0; p < c->n_reqs; p++) {
         dol_request *r = c->reqs[p];
         int rc = 0;
+        pthread_mutex_lock(&r->mu);
+        for (int i = 0; i < c->n && rc == 0; i++) {
+            dol_api_meta m = meta_of(c);
+            dol_api_choice ch = {.index = p * c->n + i};
+            if (c->chat) {
+                ch.role = true;
+                ch.text = "";
+                if (c->return_token_ids && i == 0) {
+                    m.prompt_ids = r->prompt_ids;
+                    m.n_prompt_ids = r->n_prompt;
+                }
+            } else {
+                if (!c->echo && !c->return_token_ids) break;
+                ch.text = c->echo ? c->echo_text[p] : "";
+                ch.text_len = strlen(ch.text);
+                if (c->logprobs >= 0)
+                    ch.logprobs = c->echo ? prompt_logprobs(c, r, ch.text_len)
+                                          : dol_api_logprobs_json(c->tok, NULL, NULL, 0);
+                if (c->return_token_ids) {
+                    ch.prompt_ids = r->prompt_ids;
+                    ch.n_prompt_ids = r->n_prompt;
+                    ch.token_ids = r->prompt_ids;   /* none generated yet */
+                    ch.n_token_ids = 0;
+                }
+            }
+            rc = emit_choice(c, &ch, &m);
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (rc) return -1;
+    }
+    c->preamble_sent = true;
+    return 0;
+}
+
+/* New output of one choice (text, and the ids / logprobs of new tokens),
+ * then its finish chunk once it has ended. Called under r->mu. */
+static int emit_progress(dol_http_req *c, dol_request *r, int p, int i)
+{
+    const dol_choice *ch = &r->choices[i];
+    int k = p * c->n + i;
+    dol_api_meta m = meta_of(c);
+    size_t base = c->echo ? strlen(c->echo_text[p]) : 0;
+    bool per_token = (c->logprobs >= 0 && ch->lps) || c->return_token_ids;
+    bool new_ids = per_token && ch->n_ids > c->sent_lps[k];
+    if (ch->text_len > c->sent_text[k] || new_ids) {
+        dol_api_choice out = {.index = k};
+        out.text = ch->text + c->sent_text[k];
+        out.text_len = ch->text_len - c->sent_text[k];
+        if (c->logprobs >= 0) out.logprobs = choice_logprobs(c, ch, c->sent_lps[k], ch->n_ids, base);
+        if (c->return_token_ids) {
+            out.token_ids = ch->ids + c->sent_lps[k];
+            out.n_token_ids = ch->n_ids - c->sent_lps[k];
+        }
+        if (emit_choice(c, &out, &m)) return -1;
+        c->sent_text[k] = ch->text_len;
+        c->sent_lps[k] = ch->n_ids;
+    }
+    if (!c->sent_finish[k] && (ch->finish != DOL_FINISH_NONE || r->done)) {
+        dol_api_choice out = {.index = k, .finish = finish_str(ch->finish)};
+        if (!c->chat) {
+            out.text = "";
+            if (c->logprobs >= 0) out.logprobs = dol_api_logprobs_json(c->tok, NULL, NULL, 0);
+        }
+        if (emit_choice(c, &out, &m)) return -1;
+        c->sent_finish[k] = true;
+    }
+    return 0;
+}
+
+/* Move whatever is new in the requests into SSE events in c->out. */
+static int produce(dol_http_req *c)
+{
+    /* A failure (before or after the first token) ends the stream with an
+     * error event. Echo with logprobs waits for the prompt's logprobs. */
+    bool ready = true;
+    for (int p = 0; p < c->n_reqs; p++) {
+        dol_request *r = c->reqs[p];
         pthread_mutex_lock(&r->mu);
         if (request_failed(r)) {
             dol_api_error e;
@@ -229,28 +335,24 @@ static int produce(dol_http_req *c)
             pthread_mutex_unlock(&r->mu);
             return emit_error_event(c, &e);
         }
+        if (!prompt_lps_ready(c, r)) ready = false;
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (!c->preamble_sent) {
+        if (!ready) return 0;
+        if (emit_preamble(c)) return -1;
+    }
+    bool all_over = true;
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    for (int p = 0; p < c->n_reqs; p++) {
+        dol_request *r = c->reqs[p];
+        int rc = 0;
+        pthread_mutex_lock(&r->mu);
         prompt_tokens += r->n_prompt;
         for (int i = 0; i < c->n && rc == 0; i++) {
-            const dol_choice *ch = &r->choices[i];
-            int k = p * c->n + i;
-            completion_tokens += ch->n_ids;
-            size_t base = c->echo ? strlen(c->echo_text[p]) : 0;
-            bool new_lps = c->logprobs >= 0 && ch->lps && ch->n_ids > c->sent_lps[k];
-            if (ch->text_len > c->sent_text[k] || new_lps) {
-                cJSON *lp = c->logprobs >= 0
-                                ? choice_logprobs(c, ch, c->sent_lps[k], ch->n_ids, base)
-                                : NULL;
-                rc = emit_choice(c, k, ch->text + c->sent_text[k],
-                                 ch->text_len - c->sent_text[k], NULL, lp);
-                c->sent_text[k] = ch->text_len;
-                c->sent_lps[k] = ch->n_ids;
-            }
-            if (rc == 0 && !c->sent_finish[k] && (ch->finish != DOL_FINISH_NONE || r->done)) {
-                cJSON *lp = c->logprobs >= 0 ? dol_api_logprobs_json(c->tok, NULL, NULL, 0) : NULL;
-                rc = emit_choice(c, k, "", 0, finish_str(ch->finish), lp);
-                c->sent_finish[k] = true;
-            }
-            if (!c->sent_finish[k]) all_over = false;
+            completion_tokens += r->choices[i].n_ids;
+            rc = emit_progress(c, r, p, i);
+            if (!c->sent_finish[p * c->n + i]) all_over = false;
         }
         if (!r->done) all_over = false;
         pthread_mutex_unlock(&r->mu);
@@ -260,7 +362,8 @@ static int produce(dol_http_req *c)
     if (c->include_usage) {
         dol_api_meta m = meta_of(c);
         dol_api_usage u = {prompt_tokens, completion_tokens};
-        cJSON *j = dol_api_completion_json(&m, NULL, 0, &u);
+        cJSON *j = c->chat ? dol_api_chat_chunk_json(&m, NULL, 0, &u)
+                           : dol_api_completion_json(&m, NULL, 0, &u);
         if (!j || emit(c, j)) return -1;
     }
     if (emit(c, NULL)) return -1;
@@ -319,15 +422,17 @@ static enum MHD_Result start_stream(dol_http_req *c)
 /* ---- waiting ------------------------------------------------------------ */
 
 /* Non-streaming: every request done. Streaming: anything to show (so an
- * early failure still gets a proper status instead of an error event). */
+ * early failure still gets a proper status instead of an error event);
+ * echo counts as something to show once its logprobs (if asked) are in. */
 static bool ready_to_answer(dol_http_req *c, bool *failed_early)
 {
-    bool all_done = true, any_output = false, failed = false;
+    bool all_done = true, any_output = false, failed = false, echo_ready = c->echo;
     for (int p = 0; p < c->n_reqs; p++) {
         dol_request *r = c->reqs[p];
         pthread_mutex_lock(&r->mu);
         if (!r->done) all_done = false;
         if (request_failed(r)) failed = true;
+        if (!prompt_lps_ready(c, r)) echo_ready = false;
         for (int i = 0; i < r->n; i++)
             if (r->choices[i].n_ids > 0 || r->choices[i].text_len > 0 ||
                 r->choices[i].finish != DOL_FINISH_NONE)
@@ -336,7 +441,7 @@ static bool ready_to_answer(dol_http_req *c, bool *failed_early)
     }
     *failed_early = failed && !any_output;
     if (!c->stream) return all_done || failed;
-    return all_done || failed || any_output || c->echo;
+    return all_done || failed || any_output || echo_ready;
 }
 
 static enum MHD_Result wait_or_answer(dol_http_req *c)
@@ -361,7 +466,176 @@ enum MHD_Result dol_http_completions_resume(dol_http_req *c)
     return wait_or_answer(c);
 }
 
-/* ---- building and submitting -------------------------------------------- */
+/* ---- building requests (shared with route_chat.c) ------------------------ */
+
+int dol_http_gen_begin(dol_http_req *c, dol_http_attached *a, dol_api_error *e)
+{
+    if (dol_http_not_ready(c, e)) return -1;
+    dol_http_attached_get(c->srv, a);
+    if (!a->model || !a->tok || !a->has_sched) {
+        dol_api_error_set(e, 503, "service_unavailable", NULL, "model_loading",
+                          "The model is not loaded yet.");
+        return -1;
+    }
+    c->tok = a->tok;
+    snprintf(c->model_name, sizeof c->model_name, "%s", a->name);
+    char hex[25];
+    dol_http_random_hex(hex, 12);
+    snprintf(c->cmpl_id, sizeof c->cmpl_id, "%s-%s", c->chat ? "chatcmpl" : "cmpl", hex);
+    c->created = (int64_t)time(NULL);
+    return 0;
+}
+
+cJSON *dol_http_body_json(dol_http_req *c, dol_api_error *e)
+{
+    const char *ct = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (!dol_api_content_type_is_json(ct)) {
+        dol_api_error_set(e, 415, "invalid_request_error", NULL, "unsupported_media_type",
+                          "Content-Type must be application/json.");
+        return NULL;
+    }
+    return dol_api_parse_object(c->body, c->body_len, e);
+}
+
+void dol_http_api_limits(const dol_http_req *c, const dol_http_attached *a,
+                         dol_api_limits *lim)
+{
+    const dol_config *cfg = c->srv->cfg;
+    int vocab = a->model->cfg.vocab_size;
+    int tv = dol_tokenizer_vocab_size(a->tok);
+    if (tv > 0 && tv < vocab) vocab = tv;
+    lim->vocab_size = vocab;
+    lim->context_len = a->context_len;
+    lim->default_max_tokens = cfg->max_tokens > 0 ? cfg->max_tokens : 16;
+    lim->default_temperature = cfg->temperature;
+    lim->default_top_p = cfg->top_p > 0 ? cfg->top_p : 1.0f;
+    lim->default_top_k = cfg->top_k;
+}
+
+int dol_http_check_model(const char *model, const dol_http_attached *a, dol_api_error *e)
+{
+    if (!model || strcmp(model, a->name) == 0) return 0;
+    dol_api_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
+                      "The model '%.200s' does not exist; this server serves '%s'.",
+                      model, a->name);
+    return -1;
+}
+
+static int oom(dol_api_error *e)
+{
+    dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+    return -1;
+}
+
+static int request_priority(dol_http_req *c)
+{
+    int pr = dol_config_key_priority(c->srv->cfg, dol_http_bearer_key(c->conn));
+    return pr < 0 ? c->srv->cfg->default_priority : pr;
+}
+
+int dol_http_gen_prepare(dol_http_req *c, const dol_http_attached *a,
+                         const dol_completion_params *p, int n_reqs, dol_api_error *e)
+{
+    const dol_config *cfg = c->srv->cfg;
+    if (dol_http_check_model(p->model, a, e)) return -1;
+    if (cfg->max_batch_size > 0 && p->n > cfg->max_batch_size) {
+        dol_api_error_invalid(e, "n", "'n' is %d but this server runs at most %d sequences "
+                              "at once (max_batch_size).", p->n, cfg->max_batch_size);
+        return -1;
+    }
+    c->reqs = calloc((size_t)n_reqs, sizeof *c->reqs);
+    c->echo_text = calloc((size_t)n_reqs, sizeof *c->echo_text);
+    if (!c->reqs || !c->echo_text) return oom(e);
+    c->n_reqs = n_reqs;
+    c->n = p->n;
+    c->stream = p->stream;
+    c->include_usage = p->include_usage;
+    c->echo = p->echo && !p->chat;
+    c->logprobs = p->logprobs;
+    c->return_token_ids = p->return_token_ids;
+    return 0;
+}
+
+int dol_http_gen_add(dol_http_req *c, const dol_http_attached *a,
+                     const dol_completion_params *p, int index, int32_t *ids, int n_ids,
+                     dol_api_error *e)
+{
+    dol_request *r = dol_request_new();
+    if (!r) {
+        free(ids);
+        return oom(e);
+    }
+    c->reqs[index] = r;
+    r->prompt_ids = ids;
+    r->n_prompt = n_ids;
+    if (dol_api_check_context(n_ids, p->max_tokens, a->context_len, e)) return -1;
+    r->max_tokens = (int)p->max_tokens;
+    r->n = p->n;
+    r->sampling = p->sampling;
+    r->seed = (p->has_seed ? p->seed : dol_http_random_u64()) + (uint64_t)index * (uint64_t)p->n;
+    for (int i = 0; i < p->n_stop; i++) {
+        r->stop[i] = strdup(p->stop[i]);
+        if (!r->stop[i]) return oom(e);
+        r->n_stop = i + 1;
+    }
+    r->logprobs = p->logprobs;
+    r->echo_logprobs = c->echo && p->logprobs >= 0;
+    r->ignore_eos = p->ignore_eos;
+    r->priority = request_priority(c);
+    r->timeout_ms = c->srv->cfg->request_timeout_s > 0 ? c->srv->cfg->request_timeout_s * 1000.0
+                                                       : 0;
+    snprintf(r->id, sizeof r->id, "%s", c->id);
+    r->on_event = dol_http_on_event;
+    r->client_gone = dol_http_client_gone;
+    r->user = (void *)(uintptr_t)c->handle;
+    if (dol_request_alloc_choices(r)) return oom(e);
+    return 0;
+}
+
+static void submit_error(dol_api_error *e, dol_submit_result res, const char *msg)
+{
+    switch (res) {
+    case DOL_SUBMIT_QUEUE_FULL:
+        dol_api_error_set(e, 429, "rate_limit_exceeded", NULL, "queue_full",
+                          "The server is busy (request queue full); retry shortly. %s", msg);
+        break;
+    case DOL_SUBMIT_TOO_LONG:
+        dol_api_error_set(e, 400, "invalid_request_error", "max_tokens",
+                          "context_length_exceeded", "%s", msg);
+        break;
+    case DOL_SUBMIT_DRAINING:
+        dol_api_error_set(e, 503, "service_unavailable", NULL, "server_draining",
+                          "The server is shutting down and accepts no new requests.");
+        break;
+    default:
+        dol_api_error_invalid(e, NULL, "%s", msg[0] ? msg : "Invalid request.");
+        break;
+    }
+}
+
+enum MHD_Result dol_http_gen_submit(dol_http_req *c)
+{
+    /* The body is no longer needed. */
+    free(c->body);
+    c->body = NULL;
+    c->body_len = c->body_cap = 0;
+    for (int i = 0; i < c->n_reqs; i++) {
+        char err[DOL_ERR_LEN] = "";
+        dol_submit_result res = dol_http_sched_submit(c->srv, c->reqs[i], err, sizeof err);
+        if (res != DOL_SUBMIT_OK) {
+            for (int j = 0; j < c->n_submitted; j++) dol_request_cancel(c->reqs[j]);
+            dol_api_error e;
+            submit_error(&e, res, err);
+            return dol_http_send_error(c, &e);
+        }
+        if (c->n_submitted++ == 0) atomic_fetch_add(&c->srv->inflight, 1);
+    }
+    c->phase = PH_WAIT;
+    return wait_or_answer(c);
+}
+
+/* ---- POST /v1/completions ------------------------------------------------- */
 
 static int prompt_ids(const dol_http_attached *a, dol_api_prompt *pr, int32_t **ids,
                       int *n, dol_api_error *e)
@@ -395,134 +669,28 @@ static char *echo_of(const dol_http_attached *a, const dol_api_prompt *pr, const
     return text;
 }
 
-static int fill_request(dol_http_req *c, dol_request *r, const dol_completion_params *p,
-                        int prompt_index, int priority, dol_api_error *e)
-{
-    r->max_tokens = (int)p->max_tokens;
-    r->n = p->n;
-    r->sampling = p->sampling;
-    r->seed = (p->has_seed ? p->seed : dol_http_random_u64()) + (uint64_t)(prompt_index * p->n);
-    for (int i = 0; i < p->n_stop; i++) {
-        r->stop[i] = strdup(p->stop[i]);
-        if (!r->stop[i]) goto oom;
-        r->n_stop = i + 1;
-    }
-    r->logprobs = p->logprobs;
-    r->echo_logprobs = p->echo && p->logprobs >= 0;
-    r->ignore_eos = p->ignore_eos;
-    r->priority = priority;
-    r->timeout_ms = c->srv->cfg->request_timeout_s > 0 ? c->srv->cfg->request_timeout_s * 1000.0
-                                                       : 0;
-    snprintf(r->id, sizeof r->id, "%s", c->id);
-    r->on_event = dol_http_on_event;
-    r->client_gone = dol_http_client_gone;
-    r->user = (void *)(uintptr_t)c->handle;
-    if (dol_request_alloc_choices(r)) goto oom;
-    return 0;
-oom:
-    dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
-    return -1;
-}
-
-static void submit_error(dol_api_error *e, dol_submit_result res, const char *msg)
-{
-    switch (res) {
-    case DOL_SUBMIT_QUEUE_FULL:
-        dol_api_error_set(e, 429, "rate_limit_exceeded", NULL, "queue_full",
-                          "The server is busy (request queue full); retry shortly. %s", msg);
-        break;
-    case DOL_SUBMIT_TOO_LONG:
-        dol_api_error_set(e, 400, "invalid_request_error", "max_tokens",
-                          "context_length_exceeded", "%s", msg);
-        break;
-    case DOL_SUBMIT_DRAINING:
-        dol_api_error_set(e, 503, "service_unavailable", NULL, "server_draining",
-                          "The server is shutting down and accepts no new requests.");
-        break;
-    default:
-        dol_api_error_invalid(e, NULL, "%s", msg[0] ? msg : "Invalid request.");
-        break;
-    }
-}
-
-static int request_priority(dol_http_req *c)
-{
-    int pr = dol_config_key_priority(c->srv->cfg, dol_http_bearer_key(c->conn));
-    return pr < 0 ? c->srv->cfg->default_priority : pr;
-}
-
 /* Validate, tokenize and build the requests; 0 or -1 with e. */
 static int build(dol_http_req *c, const dol_http_attached *a, dol_api_error *e)
 {
-    const dol_config *cfg = c->srv->cfg;
-    const char *ct = MHD_lookup_connection_value(c->conn, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_CONTENT_TYPE);
-    if (!dol_api_content_type_is_json(ct)) {
-        dol_api_error_set(e, 415, "invalid_request_error", NULL, "unsupported_media_type",
-                          "Content-Type must be application/json.");
-        return -1;
-    }
-    cJSON *body = dol_api_parse_object(c->body, c->body_len, e);
+    cJSON *body = dol_http_body_json(c, e);
     if (!body) return -1;
-    int vocab = a->model->cfg.vocab_size;
-    int tv = dol_tokenizer_vocab_size(a->tok);
-    if (tv > 0 && tv < vocab) vocab = tv;
-    dol_api_limits lim = {
-        .vocab_size = vocab,
-        .context_len = a->context_len,
-        .default_max_tokens = cfg->max_tokens > 0 ? cfg->max_tokens : 16,
-        .default_temperature = cfg->temperature,
-        .default_top_p = cfg->top_p > 0 ? cfg->top_p : 1.0f,
-        .default_top_k = cfg->top_k,
-    };
+    dol_api_limits lim;
+    dol_http_api_limits(c, a, &lim);
     dol_completion_params p;
     int rc = dol_api_parse_completion(body, &lim, &p, e);
     cJSON_Delete(body);
     if (rc) goto out;
     rc = -1;
-    if (p.model && strcmp(p.model, a->name) != 0) {
-        dol_api_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
-                          "The model '%.200s' does not exist; this server serves '%s'.",
-                          p.model, a->name);
-        goto out;
-    }
-    if (cfg->max_batch_size > 0 && p.n > cfg->max_batch_size) {
-        dol_api_error_invalid(e, "n", "'n' is %d but this server runs at most %d sequences "
-                              "at once (max_batch_size).", p.n, cfg->max_batch_size);
-        goto out;
-    }
-    c->reqs = calloc((size_t)p.n_prompts, sizeof *c->reqs);
-    c->echo_text = calloc((size_t)p.n_prompts, sizeof *c->echo_text);
-    if (!c->reqs || !c->echo_text) {
-        dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
-        goto out;
-    }
-    c->n_reqs = p.n_prompts;
-    c->n = p.n;
-    c->stream = p.stream;
-    c->include_usage = p.include_usage;
-    c->echo = p.echo;
-    c->logprobs = p.logprobs;
-    int priority = request_priority(c);
+    if (dol_http_gen_prepare(c, a, &p, p.n_prompts, e)) goto out;
     for (int i = 0; i < p.n_prompts; i++) {
         int32_t *ids = NULL;
         int n = 0;
         if (prompt_ids(a, &p.prompts[i], &ids, &n, e)) goto out;
-        dol_request *r = dol_request_new();
-        if (!r) {
-            free(ids);
-            dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
-            goto out;
-        }
-        c->reqs[i] = r;
-        r->prompt_ids = ids;
-        r->n_prompt = n;
-        if (dol_api_check_context(n, p.max_tokens, a->context_len, e)) goto out;
-        if (fill_request(c, r, &p, i, priority, e)) goto out;
+        if (dol_http_gen_add(c, a, &p, i, ids, n, e)) goto out;
         if (p.echo) {
-            c->echo_text[i] = echo_of(a, &p.prompts[i], ids, n);
+            c->echo_text[i] = echo_of(a, &p.prompts[i], c->reqs[i]->prompt_ids, n);
             if (!c->echo_text[i]) {
-                dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+                oom(e);
                 goto out;
             }
         }
@@ -536,38 +704,10 @@ out:
 enum MHD_Result dol_http_completions(dol_http_req *c)
 {
     dol_api_error e;
-    if (dol_http_not_ready(c, &e)) return dol_http_send_error(c, &e);
     dol_http_attached a;
-    dol_http_attached_get(c->srv, &a);
-    if (!a.model || !a.tok || !a.has_sched) {
-        dol_api_error_set(&e, 503, "service_unavailable", NULL, "model_loading",
-                          "The model is not loaded yet.");
-        return dol_http_send_error(c, &e);
-    }
-    c->tok = a.tok;
-    snprintf(c->model_name, sizeof c->model_name, "%s", a.name);
-    char hex[25];
-    dol_http_random_hex(hex, 12);
-    snprintf(c->cmpl_id, sizeof c->cmpl_id, "cmpl-%s", hex);
-    c->created = (int64_t)time(NULL);
-    if (build(c, &a, &e)) return dol_http_send_error(c, &e);
-    /* The body is no longer needed. */
-    free(c->body);
-    c->body = NULL;
-    c->body_len = c->body_cap = 0;
-
-    for (int i = 0; i < c->n_reqs; i++) {
-        char err[DOL_ERR_LEN] = "";
-        dol_submit_result res = dol_http_sched_submit(c->srv, c->reqs[i], err, sizeof err);
-        if (res != DOL_SUBMIT_OK) {
-            for (int j = 0; j < c->n_submitted; j++) dol_request_cancel(c->reqs[j]);
-            submit_error(&e, res, err);
-            return dol_http_send_error(c, &e);
-        }
-        if (c->n_submitted++ == 0) atomic_fetch_add(&c->srv->inflight, 1);
-    }
-    c->phase = PH_WAIT;
-    return wait_or_answer(c);
+    c->chat = false;
+    if (dol_http_gen_begin(c, &a, &e) || build(c, &a, &e)) return dol_http_send_error(c, &e);
+    return dol_http_gen_submit(c);
 }
 
 void dol_http_completions_cleanup(dol_http_req *c, int *prompt_tokens, int *completion_tokens,

@@ -1,14 +1,24 @@
 /* src/http/routes_info.c — the read-only endpoints: GET /v1/models,
- * GET /v1/models/{id}, GET /healthz (readiness, with reasons and scheduler /
- * KV-cache figures) and GET /livez (liveness: the scheduler heartbeat). */
+ * GET /v1/models/{id}, GET /healthz (readiness, SPEC §5: 503 while loading,
+ * warming up or draining, while device memory has stayed above
+ * vram_unready_ratio for vram_unready_after_s, or while the scheduler makes
+ * no progress with work pending; JSON with the reasons and the memory,
+ * scheduler and KV-cache figures) and GET /livez (liveness: the scheduler
+ * loop still ticks). Also the memory watch behind the readiness hysteresis
+ * (dol_server_watch). */
 #include "http/http.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-/* A scheduler loop that has not finished an iteration for this long (it
- * ticks at least every 200 ms, idle or not) is considered stuck: first for
- * readiness, then for liveness. */
+#include "dolphin/log.h"
+#include "engine/cuda_probe.h"
+
+/* The scheduler loop ticks at least every 200 ms, idle or not, and makes
+ * progress (a forward step) every few ms to seconds while it has work.
+ * Readiness: work pending and no progress for STALL_READY_MS. Liveness: the
+ * loop itself has not ticked for STALL_LIVE_MS (a restart is due). */
 #define STALL_READY_MS 30000.0
 #define STALL_LIVE_MS 60000.0
 
@@ -81,81 +91,198 @@ static const char *state_name(dol_server_state st)
     }
 }
 
-/* Milliseconds since the scheduler's last loop iteration (0 before it has
- * run). Its loop also ticks while idle (a timed wait), so a stale heartbeat
- * means a stuck step or a dead thread either way. */
-static double stall_ms(const dol_scheduler_stats *st)
+static double age_ms(double since, double now)
 {
-    if (st->last_step_ms <= 0) return 0;
-    double age = dol_now_ms() - st->last_step_ms;
-    return age > 0 ? age : 0;
+    if (since <= 0) return 0;
+    return now > since ? now - since : 0;
+}
+
+/* ---- the memory watch ---------------------------------------------------- */
+
+static pthread_mutex_t g_watch_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Feed one memory sample to the hysteresis: memory use must stay above
+ * vram_unready_ratio for vram_unready_after_s (every sample above it) before
+ * readiness drops; the first sample at or below it restores it. Transitions
+ * are logged. Returns how long use has been above, in ms (0 = not above). */
+static double watch_memory(dol_server *s, const dol_scheduler_stats *st, double now,
+                           bool *unready)
+{
+    const dol_config *cfg = s->cfg;
+    double ratio = st->mem_total_bytes ? (double)st->mem_used_bytes / (double)st->mem_total_bytes : 0;
+    bool above = ratio > cfg->vram_unready_ratio;
+    int changed = 0;   /* +1 became unready, -1 became ready again */
+    double above_ms = 0;
+    pthread_mutex_lock(&g_watch_mu);
+    if (above) {
+        if (!s->mem_above) {
+            s->mem_above = true;
+            s->mem_above_since_ms = now;
+        }
+        above_ms = age_ms(s->mem_above_since_ms, now);
+        if (!s->mem_unready && above_ms >= cfg->vram_unready_after_s * 1000.0) {
+            s->mem_unready = true;
+            changed = 1;
+        }
+    } else {
+        if (s->mem_unready) changed = -1;
+        s->mem_above = false;
+        s->mem_unready = false;
+    }
+    *unready = s->mem_unready;
+    pthread_mutex_unlock(&g_watch_mu);
+    if (changed)
+        dol_log(changed > 0 ? DOL_LOG_WARN : DOL_LOG_INFO,
+                changed > 0 ? "memory_unready" : "memory_ready",
+                "used_bytes=%zu total_bytes=%zu ratio=%.3f unready_ratio=%.3f above_s=%.1f",
+                st->mem_used_bytes, st->mem_total_bytes, ratio, cfg->vram_unready_ratio,
+                above_ms / 1000.0);
+    return above_ms;
+}
+
+void dol_http_readiness_get(dol_server *s, dol_http_readiness *r)
+{
+    memset(r, 0, sizeof *r);
+    r->state = dol_server_get_state(s);
+    r->have_sched = dol_http_sched_stats(s, &r->st);
+    double now = dol_now_ms();
+    if (r->have_sched) {
+        r->mem_ratio = r->st.mem_total_bytes
+                           ? (double)r->st.mem_used_bytes / (double)r->st.mem_total_bytes : 0;
+        r->mem_above_s = watch_memory(s, &r->st, now, &r->mem_unready) / 1000.0;
+        r->loop_age_ms = age_ms(r->st.last_step_ms, now);
+        r->progress_age_ms = r->st.idle ? 0 : age_ms(r->st.last_progress_ms, now);
+        r->stalled = r->progress_age_ms > STALL_READY_MS || r->loop_age_ms > STALL_READY_MS;
+    } else {
+        pthread_mutex_lock(&g_watch_mu);
+        r->mem_unready = s->mem_unready;
+        pthread_mutex_unlock(&g_watch_mu);
+    }
+    r->ready = r->state == DOL_STATE_READY && r->have_sched && !r->mem_unready && !r->stalled;
+}
+
+void dol_server_watch(dol_server *s)
+{
+    dol_http_readiness r;
+    dol_http_readiness_get(s, &r);
+}
+
+/* ---- GET /healthz, GET /livez ------------------------------------------- */
+
+static void add_reason(cJSON *reasons, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add_reason(cJSON *reasons, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    cJSON_AddItemToArray(reasons, cJSON_CreateString(msg));
 }
 
 enum MHD_Result dol_http_healthz(dol_http_req *c)
 {
-    dol_server_state state = dol_server_get_state(c->srv);
+    const dol_config *cfg = c->srv->cfg;
+    dol_http_readiness rd;
+    dol_http_readiness_get(c->srv, &rd);
+    const dol_scheduler_stats *st = &rd.st;
     dol_http_attached a;
     dol_http_attached_get(c->srv, &a);
-    dol_scheduler_stats st;
-    bool have_sched = dol_http_sched_stats(c->srv, &st);
 
     cJSON *root = cJSON_CreateObject();
     cJSON *reasons = cJSON_CreateArray();
-    const char *status = state_name(state);
-    switch (state) {
-    case DOL_STATE_LOADING:
-        cJSON_AddItemToArray(reasons, cJSON_CreateString("model is loading"));
-        break;
-    case DOL_STATE_WARMING:
-        cJSON_AddItemToArray(reasons, cJSON_CreateString("warm-up in progress"));
-        break;
-    case DOL_STATE_DRAINING:
-        cJSON_AddItemToArray(reasons, cJSON_CreateString("server is draining"));
-        break;
+    if (!root || !reasons) {
+        cJSON_Delete(root);
+        cJSON_Delete(reasons);
+        return dol_http_send_json(c, 500, NULL);
+    }
+    /* status: the state, or what keeps a READY server from serving */
+    const char *status = state_name(rd.state);
+    switch (rd.state) {
+    case DOL_STATE_LOADING: add_reason(reasons, "model is loading"); break;
+    case DOL_STATE_WARMING: add_reason(reasons, "warm-up in progress"); break;
+    case DOL_STATE_DRAINING: add_reason(reasons, "server is draining"); break;
     default:
+        if (!rd.have_sched) {
+            add_reason(reasons, "no scheduler");
+            status = "stopping";
+        }
         break;
     }
-    double stalled = have_sched ? stall_ms(&st) : 0;
-    if (stalled > STALL_READY_MS) {
-        char msg[128];
-        snprintf(msg, sizeof msg,
-                 "scheduler loop has made no progress for %.0f ms", stalled);
-        cJSON_AddItemToArray(reasons, cJSON_CreateString(msg));
-        if (state == DOL_STATE_READY) status = "stalled";
+    if (rd.mem_unready) {
+        add_reason(reasons,
+                   "device memory use %.1f%% has stayed above vram_unready_ratio %.1f%% "
+                   "for %.1f s (vram_unready_after_s %.1f)",
+                   rd.mem_ratio * 100, cfg->vram_unready_ratio * 100, rd.mem_above_s,
+                   cfg->vram_unready_after_s);
+        if (rd.state == DOL_STATE_READY) status = "memory_pressure";
     }
-    bool ready = cJSON_GetArraySize(reasons) == 0;
+    if (rd.stalled) {
+        if (rd.progress_age_ms > STALL_READY_MS)
+            add_reason(reasons, "scheduler has made no progress for %.0f ms with work pending",
+                       rd.progress_age_ms);
+        else
+            add_reason(reasons, "scheduler loop has not ticked for %.0f ms", rd.loop_age_ms);
+        if (rd.state == DOL_STATE_READY) status = "stalled";
+    }
     cJSON_AddStringToObject(root, "status", status);
+    cJSON_AddBoolToObject(root, "ready", rd.ready);
+    cJSON_AddStringToObject(root, "state", state_name(rd.state));
     cJSON_AddItemToObject(root, "reasons", reasons);
     if (a.name[0]) cJSON_AddStringToObject(root, "model", a.name);
     else cJSON_AddNullToObject(root, "model");
+    if (rd.have_sched && st->backend) cJSON_AddStringToObject(root, "backend", st->backend);
+    else cJSON_AddNullToObject(root, "backend");
     cJSON_AddNumberToObject(root, "inflight", dol_server_inflight(c->srv));
-    if (have_sched) {
+
+    /* the VRAM probe: the figures readiness watches, on both backends */
+    cJSON *mem = cJSON_AddObjectToObject(root, "memory");
+    if (mem) {
+        bool device = rd.have_sched && st->backend && strcmp(st->backend, "cuda") == 0;
+        cJSON_AddStringToObject(mem, "source", !rd.have_sched ? "none"
+                                               : device      ? "device" : "kv_cache");
+        cJSON_AddNumberToObject(mem, "used_bytes", (double)st->mem_used_bytes);
+        cJSON_AddNumberToObject(mem, "total_bytes", (double)st->mem_total_bytes);
+        cJSON_AddNumberToObject(mem, "ratio", rd.mem_ratio);
+        cJSON_AddNumberToObject(mem, "unready_ratio", cfg->vram_unready_ratio);
+        cJSON_AddNumberToObject(mem, "unready_after_s", cfg->vram_unready_after_s);
+        cJSON_AddNumberToObject(mem, "above_for_s", rd.mem_above_s);
+        cJSON_AddBoolToObject(mem, "unready", rd.mem_unready);
+        cJSON_AddNumberToObject(mem, "weight_bytes", (double)st->weight_bytes);
+        int pct = 0;
+        if (dol_cuda_utilization(&pct) == 0)
+            cJSON_AddNumberToObject(mem, "gpu_utilization_ratio", pct / 100.0);
+        else
+            cJSON_AddNullToObject(mem, "gpu_utilization_ratio");
+    }
+    if (rd.have_sched) {
         cJSON *kv = cJSON_AddObjectToObject(root, "kv_cache");
         if (kv) {
-            cJSON_AddNumberToObject(kv, "blocks_used", st.kv_blocks_used);
-            cJSON_AddNumberToObject(kv, "blocks_total", st.kv_blocks_total);
-            cJSON_AddNumberToObject(kv, "block_size", st.kv_block_size);
+            cJSON_AddNumberToObject(kv, "blocks_used", st->kv_blocks_used);
+            cJSON_AddNumberToObject(kv, "blocks_total", st->kv_blocks_total);
+            cJSON_AddNumberToObject(kv, "block_size", st->kv_block_size);
         }
         cJSON *sc = cJSON_AddObjectToObject(root, "scheduler");
         if (sc) {
-            cJSON_AddNumberToObject(sc, "queued", st.queued);
-            cJSON_AddNumberToObject(sc, "running_requests", st.running_requests);
-            cJSON_AddNumberToObject(sc, "running_seqs", st.running_seqs);
-            cJSON_AddNumberToObject(sc, "steps", (double)st.steps);
-            cJSON_AddNumberToObject(sc, "tokens_prompt", (double)st.tokens_prompt);
-            cJSON_AddNumberToObject(sc, "tokens_generated", (double)st.tokens_generated);
-            cJSON_AddNumberToObject(sc, "stall_ms", stalled);
-            cJSON_AddBoolToObject(sc, "idle", st.idle);
-            cJSON_AddBoolToObject(sc, "draining", st.draining);
+            cJSON_AddNumberToObject(sc, "queued", st->queued);
+            cJSON_AddNumberToObject(sc, "running_requests", st->running_requests);
+            cJSON_AddNumberToObject(sc, "running_seqs", st->running_seqs);
+            cJSON_AddNumberToObject(sc, "steps", (double)st->steps);
+            cJSON_AddNumberToObject(sc, "tokens_prompt", (double)st->tokens_prompt);
+            cJSON_AddNumberToObject(sc, "tokens_generated", (double)st->tokens_generated);
+            cJSON_AddNumberToObject(sc, "stall_ms", rd.loop_age_ms);
+            cJSON_AddNumberToObject(sc, "progress_age_ms", rd.progress_age_ms);
+            cJSON_AddBoolToObject(sc, "idle", st->idle);
+            cJSON_AddBoolToObject(sc, "draining", st->draining);
         }
     }
-    return dol_http_send_cjson(c, ready ? 200 : 503, root);
+    return dol_http_send_cjson(c, rd.ready ? 200 : 503, root);
 }
 
 enum MHD_Result dol_http_livez(dol_http_req *c)
 {
     dol_scheduler_stats st;
-    double stalled = dol_http_sched_stats(c->srv, &st) ? stall_ms(&st) : 0;
+    double stalled = dol_http_sched_stats(c->srv, &st) ? age_ms(st.last_step_ms, dol_now_ms()) : 0;
     cJSON *root = cJSON_CreateObject();
     bool alive = stalled <= STALL_LIVE_MS;
     cJSON_AddStringToObject(root, "status", alive ? "alive" : "stalled");

@@ -22,7 +22,6 @@
 /* MHD's per-connection memory pool holds the headers and the read buffer;
  * bodies are accumulated in our own buffer, up to cfg->max_body_bytes. */
 #define CONN_MEMORY_LIMIT (256 * 1024)
-#define CONN_TIMEOUT_S 300
 /* A too-large body is read and discarded (so the client sees the 413
  * instead of a reset) up to this much; beyond, the connection is dropped. */
 #define DISCARD_LIMIT ((size_t)64 << 20)
@@ -127,7 +126,10 @@ static void error_headers(dol_http_req *c, struct MHD_Response *resp, int status
     if (status == 429 || status == 503) MHD_add_response_header(resp, "Retry-After", "1");
     if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
     if (status == 405) {
-        const char *allow = strcmp(c->route, "/v1/completions") == 0 ? "POST" : "GET, HEAD";
+        bool post = strcmp(c->route, "/v1/completions") == 0 ||
+                    strcmp(c->route, "/v1/chat/completions") == 0 ||
+                    strcmp(c->route, "/tokenize") == 0 || strcmp(c->route, "/detokenize") == 0;
+        const char *allow = post ? "POST" : "GET, HEAD";
         MHD_add_response_header(resp, "Allow", allow);
     }
     if (status == 413) MHD_add_response_header(resp, "Connection", "close");
@@ -167,7 +169,8 @@ enum MHD_Result dol_http_send_error(dol_http_req *c, const dol_api_error *e)
 
 /* ---- routing ------------------------------------------------------------ */
 
-typedef enum { R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTHZ, R_LIVEZ, R_NONE } route_id;
+typedef enum { R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTHZ, R_LIVEZ, R_METRICS, R_CHAT,
+               R_TOKENIZE, R_DETOKENIZE, R_NONE } route_id;
 
 static const struct {
     const char *path;     /* exact path, or prefix when `prefix` */
@@ -178,12 +181,18 @@ static const struct {
     const char *label;    /* for logs */
 } ROUTES[] = {
     {"/v1/completions", false, "POST", true, R_COMPLETIONS, "/v1/completions"},
+    {"/v1/chat/completions", false, "POST", true, R_CHAT, "/v1/chat/completions"},
+    {"/tokenize", false, "POST", true, R_TOKENIZE, "/tokenize"},
+    {"/detokenize", false, "POST", true, R_DETOKENIZE, "/detokenize"},
     {"/v1/models", false, "GET", true, R_MODELS, "/v1/models"},
     {"/v1/models/", true, "GET", true, R_MODEL, "/v1/models/{id}"},
     {"/healthz", false, "GET", false, R_HEALTHZ, "/healthz"},
     {"/livez", false, "GET", false, R_LIVEZ, "/livez"},
+    {"/metrics", false, "GET", false, R_METRICS, "/metrics"},
 };
 #define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
+#define ROUTE_IS_PROBE(r) (strcmp((r), "/healthz") == 0 || strcmp((r), "/livez") == 0 || \
+                           strcmp((r), "/metrics") == 0)
 
 static int find_route(const char *url)
 {
@@ -289,6 +298,10 @@ static enum MHD_Result dispatch(dol_http_req *c, const char *url)
     case R_MODEL: return dol_http_models(c, url + strlen(ROUTES[ri].path));
     case R_HEALTHZ: return dol_http_healthz(c);
     case R_LIVEZ: return dol_http_livez(c);
+    case R_METRICS: return dol_http_metrics(c);
+    case R_CHAT: return dol_http_chat(c);
+    case R_TOKENIZE: return dol_http_tokenize(c);
+    case R_DETOKENIZE: return dol_http_detokenize(c);
     default: break;
     }
     return MHD_NO;
@@ -412,16 +425,22 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
     int prompt_tokens = 0, completion_tokens = 0;
     double queue_ms = 0, ttft_ms = 0;
+    int n_seqs = c->n_reqs * c->n;
     dol_http_completions_cleanup(c, &prompt_tokens, &completion_tokens, &queue_ms, &ttft_ms);
 
     bool ok = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK;
     int status = c->status ? c->status : 499;   /* 499: client closed first */
+    double total_ms = dol_now_ms() - c->t0_ms;
+    dol_http_metrics_record(c, status, prompt_tokens, completion_tokens, queue_ms, ttft_ms,
+                            total_ms, n_seqs);
     dol_log_level lvl = status >= 500 ? DOL_LOG_ERROR : (ok ? DOL_LOG_INFO : DOL_LOG_WARN);
+    /* successful probes and scrapes (every few seconds) only at debug level */
+    if (ok && status == 200 && ROUTE_IS_PROBE(c->route)) lvl = DOL_LOG_DEBUG;
     dol_log(lvl, "request",
             "request_id=%s method=%s route=%s status=%d prompt_tokens=%d "
             "completion_tokens=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s",
             c->id, c->method[0] ? c->method : "-", c->route, status, prompt_tokens,
-            completion_tokens, queue_ms, ttft_ms, dol_now_ms() - c->t0_ms,
+            completion_tokens, queue_ms, ttft_ms, total_ms,
             ok ? "" : " aborted=true");
     free(c->body);
     free(c);
@@ -516,7 +535,15 @@ int dol_server_start(const dol_config *cfg, dol_server **out, char *err, size_t 
             MHD_OPTION_LISTEN_SOCKET, fd,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY_LIMIT,
-            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CONN_TIMEOUT_S,
+            /* Idle and slow clients cannot hold the server: a connection
+             * without traffic for connection_timeout_s is closed (suspended
+             * ones, waiting for the model, are exempt), and at most
+             * max_connections (per address: max_connections_per_ip, 0 = no
+             * limit) are open at once: beyond, MHD stops accepting and new
+             * connections wait in the listen queue. */
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout_s,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_ip,
             MHD_OPTION_END);
     }
     if (!s->daemon) {

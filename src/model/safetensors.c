@@ -282,7 +282,7 @@ static int st_parse_header(dol_st_file *f, const uint8_t *hdr, size_t n,
     return st_check_layout(f, err, errlen);
 }
 
-int dol_st_open(dol_st_file *f, const char *path, char *err, size_t errlen)
+static int st_open(dol_st_file *f, const char *path, char *err, size_t errlen)
 {
     memset(f, 0, sizeof *f);
     const char *slash = strrchr(path, '/');
@@ -350,6 +350,23 @@ int dol_st_open(dol_st_file *f, const char *path, char *err, size_t errlen)
 fail:
     dol_st_close(f);
     return -1;
+}
+
+/* The message is one line: control characters, which the path or a tensor
+ * name from the header may hold (cJSON takes raw ones inside strings),
+ * become '?'. Found by tests/fuzz/fuzz_safetensors. */
+static void st_one_line(char *err, size_t errlen)
+{
+    if (!err || errlen == 0) return;
+    for (char *p = err; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+}
+
+int dol_st_open(dol_st_file *f, const char *path, char *err, size_t errlen)
+{
+    int rc = st_open(f, path, err, errlen);
+    if (rc != 0) st_one_line(err, errlen);
+    return rc;
 }
 
 const dol_st_tensor *dol_st_find(const dol_st_file *f, const char *name)

@@ -27,6 +27,9 @@ typedef struct {
     dol_rng rng;
     bool finished;
     bool waiting_fork;    /* n > 1: created from choice 0 once its prompt is in */
+    dol_token_logprob *plps; /* choice 0 of an echo_logprobs request: the
+                                prompt's logprobs so far (n_prompt entries),
+                                handed to the request once the prompt is in */
 } seq_t;
 
 /* Scheduler-private part of a request. */
@@ -60,6 +63,7 @@ struct dol_scheduler {
     float *lp_scratch;
 
     uint64_t n_steps, n_prompt_tokens, n_generated; /* copied into st */
+    double mem_sampled_ms;  /* last sample_memory */
     dol_scheduler_stats st;
 };
 
@@ -217,6 +221,7 @@ static void retire_request(dol_scheduler *s, dol_request *r)
         dol_engine_seq_free(s->e, q->seq);
         free(q->tokens);
         free(q->logits);
+        free(q->plps);
         s->seqs[i] = s->seqs[--s->n_seqs];
     }
     pthread_mutex_lock(&r->mu);
@@ -286,6 +291,13 @@ static int seq_push(dol_scheduler *s, dol_request *r, int choice)
     q->tokens = malloc(sizeof(int32_t) * (size_t)q->cap);
     q->logits = malloc(sizeof(float) * (size_t)s->vocab);
     if (!q->tokens || !q->logits) { free(q->tokens); free(q->logits); return -1; }
+    if (choice == 0 && r->echo_logprobs) {
+        /* entry 0 has no logprob: nothing comes before the first token */
+        q->plps = calloc((size_t)r->n_prompt, sizeof *q->plps);
+        if (!q->plps) { free(q->tokens); free(q->logits); return -1; }
+        q->plps[0].id = r->prompt_ids[0];
+        q->plps[0].n_top = -1;
+    }
     memcpy(q->tokens, r->prompt_ids, sizeof(int32_t) * (size_t)r->n_prompt);
     q->n_tokens = r->n_prompt;
     dol_rng_seed(&q->rng, r->seed + (uint64_t)choice);
@@ -334,6 +346,7 @@ static int admit(dol_scheduler *s, dol_request *r)
                 if (s->seqs[i].r == r) {
                     free(s->seqs[i].tokens);
                     free(s->seqs[i].logits);
+                    free(s->seqs[i].plps);
                     s->seqs[i] = s->seqs[--s->n_seqs];
                 } else i++;
             dol_engine_seq_free(s->e, seq);
@@ -457,6 +470,36 @@ static void fork_choices(dol_scheduler *s, seq_t *first)
     }
 }
 
+/* Echo with logprobs: row j of a prefill chunk's logits (one row per token)
+ * predicts the token after position start_pos + j. Rows that predict a
+ * prompt token give that token's logprob (with top alternatives, from the
+ * raw logits); the row of the last prompt token gives the logits the first
+ * token is sampled from. Once the whole prompt is in, the logprobs are
+ * handed to the request (r->prompt_lps; the HTTP layer waits for them). */
+static void record_prompt_logprobs(dol_scheduler *s, seq_t *q, const dol_batch_item *it,
+                                   const float *rows)
+{
+    dol_request *r = q->r;
+    for (int j = 0; j < it->n_tokens; j++) {
+        int next = it->start_pos + j + 1;
+        const float *row = rows + (size_t)j * (size_t)s->vocab;
+        if (next < r->n_prompt)
+            record_logprob(s, r, row, r->prompt_ids[next], &q->plps[next]);
+        else
+            memcpy(q->logits, row, sizeof(float) * (size_t)s->vocab);
+    }
+    if (it->start_pos + it->n_tokens == r->n_prompt) {
+        pthread_mutex_lock(&r->mu);
+        r->prompt_lps = q->plps;
+        pthread_mutex_unlock(&r->mu);
+        q->plps = NULL;
+    }
+}
+
+/* Prompt tokens of an echo-with-logprobs sequence per step: each needs a
+ * row of vocab logits (128 x 32000 floats = 16 MiB). */
+#define ECHO_LOGPROBS_CHUNK 128
+
 static void run_step(dol_scheduler *s)
 {
     /* Build the batch: a prefill chunk for sequences still reading their
@@ -467,7 +510,9 @@ static void run_step(dol_scheduler *s)
      * never stalls the running sequences. */
     int n_items = 0, budget = s->p.prefill_chunk;
     int *owner = malloc(sizeof(int) * (size_t)(s->n_seqs ? s->n_seqs : 1));
-    if (!owner) return;
+    /* per item: every-token logits of an echo-with-logprobs prefill chunk */
+    float **rows = calloc((size_t)(s->n_seqs ? s->n_seqs : 1), sizeof *rows);
+    if (!owner || !rows) { free(owner); free(rows); return; }
     /* Static mode behaves as if prompts were padded to the longest one: no
      * member starts decoding before every member's prompt is in. (The
      * padding itself is never computed: the engine needs none.) */
@@ -486,7 +531,12 @@ static void run_step(dol_scheduler *s)
             if (n <= 0 || decode != (pass == 0)) continue;
             if (!decode) {
                 if (n > budget) n = budget;
+                if (q->plps && n > ECHO_LOGPROBS_CHUNK) n = ECHO_LOGPROBS_CHUNK;
                 if (n <= 0) continue;
+                if (q->plps) {
+                    rows[n_items] = malloc(sizeof(float) * (size_t)n * (size_t)s->vocab);
+                    if (!rows[n_items]) continue;   /* out of memory: next step */
+                }
                 budget -= n;
             }
             dol_batch_item *it = &s->items[n_items];
@@ -496,10 +546,14 @@ static void run_step(dol_scheduler *s)
             it->start_pos = q->n_past;
             it->n_logits = q->n_past + n == q->n_tokens ? 1 : 0;
             it->logits = q->logits;
+            if (rows[n_items]) {
+                it->n_logits = n;
+                it->logits = rows[n_items];
+            }
             owner[n_items++] = i;
         }
     }
-    if (n_items == 0) { free(owner); return; }
+    if (n_items == 0) { free(owner); free(rows); return; }
 
     char err[DOL_ERR_LEN];
     if (dol_engine_forward(s->e, s->items, n_items, err, sizeof err) != 0) {
@@ -512,7 +566,9 @@ static void run_step(dol_scheduler *s)
             /* the seq array changed: stop here, the rest are retried next step */
             break;
         }
+        for (int k = 0; k < n_items; k++) free(rows[k]);
         free(owner);
+        free(rows);
         return;
     }
     s->n_steps++;
@@ -524,17 +580,26 @@ static void run_step(dol_scheduler *s)
      * array, so walk by request + choice instead of by index. */
     typedef struct { dol_request *r; int choice; bool prefill_done; } ref_t;
     ref_t *refs = malloc(sizeof *refs * (size_t)n_items);
-    if (!touched || !refs) { free(touched); free(refs); free(owner); return; }
+    if (!touched || !refs) {
+        for (int k = 0; k < n_items; k++) free(rows[k]);
+        free(touched); free(refs); free(owner); free(rows);
+        return;
+    }
     for (int k = 0; k < n_items; k++) {
         seq_t *q = &s->seqs[owner[k]];
+        if (rows[k]) {
+            record_prompt_logprobs(s, q, &s->items[k], rows[k]);
+            free(rows[k]);
+        }
+        refs[k].prefill_done = q->n_past + s->items[k].n_tokens == q->n_tokens;
         q->n_past += s->items[k].n_tokens;
         refs[k].r = q->r;
         refs[k].choice = q->choice;
-        refs[k].prefill_done = s->items[k].n_logits > 0;
         if (q->n_past <= q->r->n_prompt) s->n_prompt_tokens += s->items[k].n_tokens;
         dol_request_retain(q->r); /* keep alive across retirement for notify */
     }
     free(owner);
+    free(rows);
     for (int k = 0; k < n_items; k++) {
         if (!refs[k].prefill_done) continue;
         seq_t *q = NULL;
@@ -616,6 +681,26 @@ static void reap(dol_scheduler *s)
     if (reaped) update_stats(s);
 }
 
+/* Device memory for the readiness probe and /metrics. Sampled right after
+ * admission, i.e. at the peak of each iteration, so that the moment between
+ * a retirement and the next admission does not read as a drop in use, and
+ * when the scheduler falls idle; at most every 20 ms (cudaMemGetInfo is not
+ * free) unless forced: when admission took blocks or the last request
+ * ended, the figure has changed and is taken at once. */
+static void sample_memory(dol_scheduler *s, bool force)
+{
+    static const double EVERY_MS = 20.0;
+    double now = dol_now_ms();
+    if (!force && now - s->mem_sampled_ms < EVERY_MS) return;
+    s->mem_sampled_ms = now;
+    size_t used = 0, total = 0;
+    if (dol_engine_memory_info(s->e, &used, &total) != 0) used = total = 0;
+    pthread_mutex_lock(&s->mu);
+    s->st.mem_used_bytes = used;
+    s->st.mem_total_bytes = total;
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void update_stats(dol_scheduler *s)
 {
     int running_req = 0;
@@ -633,6 +718,7 @@ static void update_stats(dol_scheduler *s)
     s->st.kv_block_size = dol_engine_kv_block_size(s->e);
     s->st.last_step_ms = dol_now_ms();
     s->st.idle = s->n_seqs == 0 && s->n_queue == 0;
+    if (s->st.idle || s->n_steps != s->st.steps) s->st.last_progress_ms = s->st.last_step_ms;
     s->st.queued = s->n_queue;
     s->st.steps = s->n_steps;
     s->st.tokens_prompt = s->n_prompt_tokens;
@@ -664,6 +750,7 @@ static void *scheduler_main(void *arg)
                  * the heartbeat) */
                 timed_wait_ms(s, 200);
                 pthread_mutex_unlock(&s->mu);
+                sample_memory(s, false);
                 update_stats(s);
                 continue;
             }
@@ -682,11 +769,14 @@ static void *scheduler_main(void *arg)
                 continue;
             }
         }
+        int kv_free = dol_engine_kv_blocks_free(s->e);
         admit_from_queue(s);
         pthread_mutex_unlock(&s->mu);
+        sample_memory(s, dol_engine_kv_blocks_free(s->e) != kv_free);
         update_stats(s);
         run_step(s);
         update_stats(s);
+        if (s->st.idle) sample_memory(s, true);   /* the last request ended */
     }
     /* shutting down: end everything */
     pthread_mutex_lock(&s->mu);
@@ -735,7 +825,12 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->st.last_step_ms = dol_now_ms();
+    s->st.last_progress_ms = s->st.last_step_ms;
     s->st.idle = true;
+    s->st.weight_bytes = dol_engine_weight_bytes(engine);
+    s->st.backend = dol_engine_backend_name(engine);
+    if (dol_engine_memory_info(engine, &s->st.mem_used_bytes, &s->st.mem_total_bytes) != 0)
+        s->st.mem_used_bytes = s->st.mem_total_bytes = 0;
     s->st.kv_blocks_total = dol_engine_kv_blocks_total(engine);
     s->st.kv_block_size = dol_engine_kv_block_size(engine);
     if (pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {

@@ -3,6 +3,7 @@ one-slot queue, one sequence per step and a short request timeout:
 queue full -> 429 with Retry-After, a request that runs out of time -> 504
 JSON (non-streaming) or an error event then [DONE] (streaming, after the
 first token)."""
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -60,6 +61,16 @@ def test_timeout_streaming_after_first_token(tight_server):
 
 
 def test_still_serving_after_limits(tight_server):
-    r = requests.post(tight_server.url + "/v1/completions",
-                      json={"prompt": "Once", "max_tokens": 3}, timeout=60)
-    assert r.status_code == 200
+    # A 3-token request fits the 0.1 s budget on an idle machine; on a loaded
+    # one it may time out (504) itself, which is the limit working. What must
+    # hold is that the server keeps answering and soon answers 200 again.
+    statuses = []
+    for _ in range(20):
+        r = requests.post(tight_server.url + "/v1/completions",
+                          json={"prompt": "Once", "max_tokens": 3}, timeout=60)
+        statuses.append(r.status_code)
+        if r.status_code == 200:
+            break
+        assert r.status_code == 504, statuses
+        time.sleep(0.2)
+    assert statuses[-1] == 200, statuses

@@ -22,7 +22,8 @@
 /* Every YAML key, written out independently of config.c's table so a field
  * missing from the table, the default file, the docs or --help is caught. */
 static const char *const KEYS[] = {
-    "host", "port", "max_body_bytes", "model", "served_model_name", "threads",
+    "host", "port", "max_body_bytes", "max_connections", "max_connections_per_ip",
+    "connection_timeout_s", "model", "served_model_name", "threads",
     "backend", "weights", "quantize_lm_head", "context_len", "temperature", "top_p", "top_k",
     "max_tokens", "batch_window_ms", "max_batch_size", "batch_mode", "max_queue",
     "request_timeout_s", "memory_high_watermark", "kv_cache_tokens",

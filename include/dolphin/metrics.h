@@ -1,0 +1,79 @@
+/* include/dolphin/metrics.h — the figures behind GET /metrics (SPEC §5), in
+ * the Prometheus text exposition format (version 0.0.4).
+ *
+ * Two kinds of figures:
+ * - per-request ones (counters and histograms), recorded by the HTTP layer
+ *   once per request when it completes (dol_metrics_observe): requests by
+ *   route and status, request duration, queue time, time to first token,
+ *   time per output token, prompt and generated tokens;
+ * - point-in-time ones (gauges), gathered by the caller at scrape time and
+ *   passed to dol_metrics_render: readiness, queue depth, running batch,
+ *   KV-cache blocks, device memory, weights, GPU utilisation.
+ *
+ * Every name starts with dolphin_ and carries its unit (_seconds, _bytes,
+ * _ratio, _total for counters). A family whose value is unknown on this
+ * machine (dolphin_gpu_utilization_ratio without NVML) is still declared
+ * (# HELP / # TYPE) but has no sample, so that the name exists for alert
+ * rules and dashboards while no made-up value is reported.
+ *
+ * Thread-safe: one mutex per dol_metrics guards the per-request figures.
+ */
+#ifndef DOLPHIN_METRICS_H
+#define DOLPHIN_METRICS_H
+
+#include "dolphin/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dol_metrics dol_metrics;
+
+dol_metrics *dol_metrics_new(void);   /* NULL on OOM */
+void dol_metrics_free(dol_metrics *m);
+/* The process-wide instance that the HTTP server records into and renders
+ * (created on first use, lives as long as the process). NULL on OOM. */
+dol_metrics *dol_metrics_default(void);
+
+/* One completed HTTP request. Negative times mean "does not apply" (no
+ * generation, no token, fewer than two tokens per sequence). */
+typedef struct {
+    const char *route;       /* route label, e.g. "/v1/completions", "unknown" */
+    int status;              /* HTTP status; 499 when the client left first */
+    double duration_s;       /* from the request's arrival to its completion */
+    int prompt_tokens;       /* prompt tokens of the generation it asked for */
+    int completion_tokens;   /* tokens generated for it, all choices */
+    double queue_s;          /* waiting in the scheduler's queue */
+    double ttft_s;           /* time to the first generated token */
+    double tpot_s;           /* mean time per output token after the first */
+} dol_metrics_request;
+
+void dol_metrics_observe(dol_metrics *m, const dol_metrics_request *r);
+
+/* Point-in-time values for one scrape. */
+typedef struct {
+    const char *version;     /* build info labels */
+    const char *backend;     /* "cpu" | "cuda" | "" while loading */
+    const char *model;       /* served model name, "" while loading */
+    bool ready;              /* /healthz would answer 200 */
+    bool draining;
+    int inflight;            /* HTTP requests submitted, not yet completed */
+    int queue_depth;         /* requests waiting for admission */
+    int running_requests;
+    int running_seqs;        /* sequences in the running batch */
+    int kv_blocks_used, kv_blocks_total, kv_block_size;
+    size_t device_memory_used, device_memory_total; /* bytes */
+    size_t weight_bytes;
+    double gpu_utilization;  /* 0..1; < 0 when unknown (no NVML) */
+    uint64_t steps;          /* forward steps so far */
+    double heartbeat_age_s;  /* since the scheduler loop last made progress */
+} dol_metrics_gauges;
+
+/* The whole exposition as a malloc'd NUL-terminated string (*len without
+ * the NUL), or NULL on OOM. */
+char *dol_metrics_render(dol_metrics *m, const dol_metrics_gauges *g, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

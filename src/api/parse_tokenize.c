@@ -1,0 +1,119 @@
+/* src/api/parse_tokenize.c — validation of POST /tokenize and POST /detokenize
+ * bodies (the vLLM-style tokenizer endpoints). /tokenize takes a prompt
+ * string (with add_special_tokens, default true, adding BOS) or chat
+ * messages (encoded in the Llama-2 chat format, see chat.c); /detokenize
+ * takes a list of token ids. Unknown fields are ignored. */
+#include "api/api.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int get_model(const cJSON *body, char **model, dol_api_error *e)
+{
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "model");
+    *model = NULL;
+    if (!m || cJSON_IsNull(m)) return 0;
+    if (!cJSON_IsString(m)) {
+        dol_api_error_invalid(e, "model", "'model' must be a string.");
+        return -1;
+    }
+    *model = strdup(m->valuestring);
+    if (!*model) {
+        dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+        return -1;
+    }
+    return 0;
+}
+
+int dol_api_parse_tokenize(const cJSON *body, dol_tokenize_params *p, dol_api_error *e)
+{
+    memset(p, 0, sizeof *p);
+    p->add_special_tokens = true;
+    if (!cJSON_IsObject(body)) {
+        dol_api_error_invalid(e, NULL, "The request body must be a JSON object.");
+        return -1;
+    }
+    if (get_model(body, &p->model, e)) return -1;
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(body, "messages");
+    const cJSON *ast = cJSON_GetObjectItemCaseSensitive(body, "add_special_tokens");
+    if (prompt && cJSON_IsNull(prompt)) prompt = NULL;
+    if (msgs && cJSON_IsNull(msgs)) msgs = NULL;
+    if (ast && !cJSON_IsNull(ast)) {
+        if (!cJSON_IsBool(ast)) {
+            dol_api_error_invalid(e, "add_special_tokens",
+                                  "'add_special_tokens' must be a boolean.");
+            return -1;
+        }
+        p->add_special_tokens = cJSON_IsTrue(ast);
+    }
+    if (!prompt == !msgs) {
+        dol_api_error_invalid(e, prompt ? "messages" : "prompt",
+                              "Give exactly one of 'prompt' (a string) or 'messages'.");
+        return -1;
+    }
+    if (msgs) return dol_api_parse_messages(msgs, &p->messages, &p->n_messages, e);
+    if (!cJSON_IsString(prompt)) {
+        dol_api_error_invalid(e, "prompt", "'prompt' must be a string.");
+        return -1;
+    }
+    p->prompt_len = strlen(prompt->valuestring);
+    p->prompt = strdup(prompt->valuestring);
+    if (!p->prompt) {
+        dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+        return -1;
+    }
+    return 0;
+}
+
+void dol_api_tokenize_params_free(dol_tokenize_params *p)
+{
+    if (!p) return;
+    free(p->model);
+    free(p->prompt);
+    dol_api_messages_free(p->messages, p->n_messages);
+    memset(p, 0, sizeof *p);
+}
+
+int dol_api_parse_detokenize(const cJSON *body, int vocab_size, char **model,
+                             int32_t **ids, int *n, dol_api_error *e)
+{
+    *ids = NULL;
+    *n = 0;
+    *model = NULL;
+    if (!cJSON_IsObject(body)) {
+        dol_api_error_invalid(e, NULL, "The request body must be a JSON object.");
+        return -1;
+    }
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(body, "tokens");
+    if (!cJSON_IsArray(t)) {
+        dol_api_error_invalid(e, "tokens", "'tokens' must be an array of token ids.");
+        return -1;
+    }
+    int count = cJSON_GetArraySize(t);
+    int32_t *out = malloc((size_t)(count ? count : 1) * sizeof *out);
+    if (!out) {
+        dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+        return -1;
+    }
+    int i = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, t) {
+        double d = cJSON_IsNumber(x) ? x->valuedouble : NAN;
+        if (!isfinite(d) || d != floor(d) || d < 0 || d >= (double)vocab_size) {
+            dol_api_error_invalid(e, "tokens", "'tokens' element %d is not a token id in "
+                                  "[0, %d).", i, vocab_size);
+            free(out);
+            return -1;
+        }
+        out[i++] = (int32_t)d;
+    }
+    if (get_model(body, model, e)) {
+        free(out);
+        return -1;
+    }
+    *ids = out;
+    *n = count;
+    return 0;
+}

@@ -1,0 +1,70 @@
+/* src/http/route_chat.c — POST /v1/chat/completions: validate the body,
+ * build the prompt token ids in the Llama-2 chat format (src/api/chat.c),
+ * and run it through the generation machinery of route_completions.c, which
+ * answers with chat.completion objects (or chat.completion.chunk events).
+ *
+ * Without max_tokens / max_completion_tokens a chat completion runs until
+ * EOS or the end of the context: max_tokens becomes the room left after the
+ * prompt, capped at what the KV cache can hold for n choices (every choice
+ * reserves its blocks up front; choices share the prompt's full blocks). */
+#include "http/http.h"
+
+#include <stdlib.h>
+
+/* The most tokens each of n choices can generate after an n_prompt-token
+ * prompt: the context's room, capped by the KV pool. < 1 when none. */
+static int64_t room_left(dol_http_req *c, const dol_http_attached *a, int n_prompt, int n)
+{
+    int64_t room = (int64_t)a->context_len - n_prompt;
+    dol_scheduler_stats st;
+    if (dol_http_sched_stats(c->srv, &st) && st.kv_block_size > 0 && st.kv_blocks_total > 0) {
+        int64_t shared = n_prompt / st.kv_block_size;
+        int64_t blocks_each = ((int64_t)st.kv_blocks_total + (n - 1) * shared) / n;
+        int64_t fit = blocks_each * st.kv_block_size - n_prompt;
+        if (fit < room) room = fit;
+    }
+    return room;
+}
+
+static int build(dol_http_req *c, const dol_http_attached *a, dol_api_error *e)
+{
+    cJSON *body = dol_http_body_json(c, e);
+    if (!body) return -1;
+    dol_api_limits lim;
+    dol_http_api_limits(c, a, &lim);
+    dol_completion_params p;
+    int rc = dol_api_parse_chat(body, &lim, &p, e);
+    cJSON_Delete(body);
+    if (rc) goto out;
+    rc = -1;
+    if (dol_http_gen_prepare(c, a, &p, 1, e)) goto out;
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    if (dol_api_chat_prompt_ids(a->tok, p.messages, p.n_messages, &ids, &n_ids, e)) goto out;
+    if (!p.max_tokens_given) {
+        p.max_tokens = room_left(c, a, n_ids, p.n);
+        if (p.max_tokens < 1) {
+            dol_api_error_set(e, 400, "invalid_request_error", "messages",
+                              "context_length_exceeded",
+                              "This model's maximum context length is %d tokens, and the "
+                              "messages take %d: no room is left for the answer.",
+                              a->context_len, n_ids);
+            free(ids);
+            goto out;
+        }
+    }
+    if (dol_http_gen_add(c, a, &p, 0, ids, n_ids, e)) goto out;
+    rc = 0;
+out:
+    dol_api_completion_params_free(&p);
+    return rc;
+}
+
+enum MHD_Result dol_http_chat(dol_http_req *c)
+{
+    dol_api_error e;
+    dol_http_attached a;
+    c->chat = true;
+    if (dol_http_gen_begin(c, &a, &e) || build(c, &a, &e)) return dol_http_send_error(c, &e);
+    return dol_http_gen_submit(c);
+}

@@ -1,0 +1,87 @@
+/* src/http/route_metrics.c — GET /metrics (Prometheus text format, SPEC §5)
+ * and the hook that records every completed HTTP request into the
+ * process-wide dol_metrics (include/dolphin/metrics.h). The per-request
+ * figures are the ones the request's log line carries; the gauges are read
+ * at scrape time from the readiness view (scheduler stats, device memory)
+ * and from NVML when present. */
+#include "http/http.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dolphin/metrics.h"
+#include "engine/cuda_probe.h"
+
+void dol_http_metrics_record(const dol_http_req *c, int status, int prompt_tokens,
+                             int completion_tokens, double queue_ms, double ttft_ms,
+                             double total_ms, int n_seqs)
+{
+    dol_metrics_request m = {
+        .route = c->route,
+        .status = status,
+        .duration_s = total_ms / 1000.0,
+        .prompt_tokens = prompt_tokens,
+        .completion_tokens = completion_tokens,
+        .queue_s = -1,
+        .ttft_s = -1,
+        .tpot_s = -1,
+    };
+    if (c->n_submitted > 0) {   /* it reached the scheduler */
+        if (queue_ms > 0) m.queue_s = queue_ms / 1000.0;
+        if (ttft_ms > 0) m.ttft_s = ttft_ms / 1000.0;
+        /* sequences decode side by side: per-sequence tokens after the first */
+        int per_seq = n_seqs > 0 ? completion_tokens / n_seqs : 0;
+        if (ttft_ms > 0 && per_seq >= 2 && total_ms > ttft_ms)
+            m.tpot_s = (total_ms - ttft_ms) / 1000.0 / (per_seq - 1);
+    }
+    dol_metrics_observe(dol_metrics_default(), &m);
+}
+
+enum MHD_Result dol_http_metrics(dol_http_req *c)
+{
+    dol_http_readiness rd;
+    dol_http_readiness_get(c->srv, &rd);
+    dol_http_attached a;
+    dol_http_attached_get(c->srv, &a);
+
+    dol_metrics_gauges g = {0};
+    g.version = DOL_VERSION;
+    g.backend = rd.have_sched && rd.st.backend ? rd.st.backend : "";
+    g.model = a.model ? a.name : "";
+    g.ready = rd.ready;
+    g.draining = rd.state == DOL_STATE_DRAINING;
+    g.inflight = dol_server_inflight(c->srv);
+    g.queue_depth = rd.st.queued;
+    g.running_requests = rd.st.running_requests;
+    g.running_seqs = rd.st.running_seqs;
+    g.kv_blocks_used = rd.st.kv_blocks_used;
+    g.kv_blocks_total = rd.st.kv_blocks_total;
+    g.kv_block_size = rd.st.kv_block_size;
+    g.device_memory_used = rd.st.mem_used_bytes;
+    g.device_memory_total = rd.st.mem_total_bytes;
+    g.weight_bytes = rd.st.weight_bytes;
+    int pct = 0;
+    g.gpu_utilization = dol_cuda_utilization(&pct) == 0 ? pct / 100.0 : -1.0;
+    g.steps = rd.st.steps;
+    g.heartbeat_age_s = rd.progress_age_ms / 1000.0;
+
+    size_t len = 0;
+    char *body = dol_metrics_render(dol_metrics_default(), &g, &len);
+    if (!body) return dol_http_send_json(c, 500, NULL);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Request-Id", c->id);
+    enum MHD_Result ret = MHD_queue_response(c->conn, 200, resp);
+    MHD_destroy_response(resp);
+    if (ret == MHD_YES) {
+        c->status = 200;
+        c->phase = PH_RESPONDED;
+    }
+    return ret;
+}

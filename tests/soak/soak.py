@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""tests/soak/soak.py — a bounded soak test of dolphind (python3 stdlib only).
+
+Starts dolphind on 127.0.0.1 with the stories260K test model and sends a
+shuffled mix of requests at a fixed concurrency: valid non-streaming ones
+(greedy, so each must return exactly the text the same request returned when
+sent alone first), streaming ones (the streamed pieces must concatenate to
+that same text), streams cancelled by closing the socket after the first
+chunk, malformed bodies (4xx with an OpenAI-shaped error) and bodies larger
+than max_body_bytes (413). Then it checks that every valid request was
+answered correctly, the server never crashed, every KV-cache block went back
+to the pool (/healthz kv_cache.blocks_used == 0) and resident memory (VmRSS)
+(and its anonymous part, RssAnon) grew less than 5 % between the end of a warm-up phase and the end of the
+run. Prints a summary; exits 1 on any failure, 0 when all holds (also when
+the fixtures are absent: it says it skipped).
+
+    python3 tests/soak/soak.py [--bin build/dolphind] [--requests 2000]
+                               [--warmup 300] [--concurrency 16] [--no-rss-check]
+
+With a sanitizer build (--no-rss-check: ASan's quarantine keeps freed memory
+resident) the same run checks for memory errors and leaks under load: any
+sanitizer report in dolphind's log fails it.
+
+Environment: DOLPHIN_BIN (default <repo>/build/dolphind), DOLPHIN_SHARED
+(default <repo>/../shared).
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_BODY = 1 << 20        # dolphind's default max_body_bytes
+HTTP_TIMEOUT = 120        # seconds, per request
+
+# Valid requests, all greedy. Each is sent alone first for its reference text.
+VALID = [
+    {"prompt": "Once upon a time", "max_tokens": 24},
+    {"prompt": "The little dog", "max_tokens": 16},
+    {"prompt": "Lily and Ben went to the park", "max_tokens": 40},
+    {"prompt": "", "max_tokens": 12},
+    {"prompt": "One day, a big bear", "max_tokens": 32},
+    {"prompt": "Tom had a red ball.", "max_tokens": 8},
+    {"prompt": "The sun was", "max_tokens": 48},
+    {"prompt": [1, 403, 407, 261, 378], "max_tokens": 20},
+    {"prompt": "Once upon a time", "max_tokens": 40, "stop": [" she", "."]},
+    {"prompt": "She wanted to", "max_tokens": 12, "n": 2},
+    {"prompt": ["A cat", "A bird sat"], "max_tokens": 10},
+    {"prompt": "The end", "max_tokens": 16, "logprobs": 2},
+]
+for v in VALID:
+    v["temperature"] = 0
+
+# Malformed requests: (body bytes, content type, expected status).
+MALFORMED = [
+    (b'{"prompt": "x", "max_tokens": 5', "application/json", 400),
+    (b"not json at all", "application/json", 400),
+    (b"", "application/json", 400),
+    (b"[1, 2, 3]", "application/json", 400),
+    (b'{"prompt": 12}', "application/json", 400),
+    (b'{"prompt": "x", "max_tokens": "many"}', "application/json", 400),
+    (b'{"prompt": "x", "temperature": -1}', "application/json", 400),
+    (b'{"prompt": "x", "n": 1000}', "application/json", 400),
+    (b'{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}', "application/json", 400),
+    (b'{"prompt": "x", "max_tokens": 100000}', "application/json", 400),
+    (b'{"prompt": "x", "stream": true, "logprobs": 9}', "application/json", 400),
+    (b'{"prompt": "\xff\xfe"}', "application/json", 400),
+    (b'{"prompt": "a\\u0000b"}', "application/json", 400),
+    (b'{"prompt": "x"} {"prompt": "y"}', "application/json", 400),
+    (b"[" * 5000 + b"]" * 5000, "application/json", 400),
+    (b'{"prompt": "x"}', "text/plain", 415),
+]
+
+KINDS = ["valid", "stream", "cancel", "malformed", "oversize"]
+WEIGHTS = [9, 5, 2, 2, 2]   # per 20 requests
+
+
+class Failure(Exception):
+    pass
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, binary, model, threads, backend):
+        self.port = free_port()
+        fd, self.log_path = tempfile.mkstemp(prefix="dolphind-soak-", suffix=".log")
+        self.cmd = [str(binary), "--model", str(model), "--host", "127.0.0.1",
+                    "--port", str(self.port), "--threads", str(threads), "--backend", backend,
+                    "--log-level", "warn"]
+        self.proc = subprocess.Popen(self.cmd, stdout=fd, stderr=fd)
+        os.close(fd)
+        deadline = time.monotonic() + 90
+        while True:
+            if self.proc.poll() is not None:
+                raise Failure(f"dolphind exited with {self.proc.returncode} during start-up:\n"
+                              f"{self.log()[-3000:]}")
+            try:
+                if self.get("/healthz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise Failure("dolphind not ready within 90 s")
+            time.sleep(0.05)
+
+    def log(self):
+        return Path(self.log_path).read_text(errors="replace")
+
+    def conn(self):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=HTTP_TIMEOUT)
+
+    def get(self, path):
+        c = self.conn()
+        try:
+            c.request("GET", path)
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def post(self, body, ctype="application/json"):
+        """(status, headers, body bytes) of one POST /v1/completions."""
+        c = self.conn()
+        try:
+            c.request("POST", "/v1/completions", body=body, headers={"Content-Type": ctype})
+            r = c.getresponse()
+            return r.status, r.headers, r.read()
+        finally:
+            c.close()
+
+    def health(self):
+        status, body = self.get("/healthz")
+        return status, json.loads(body)
+
+    def rss_kib(self):
+        """(VmRSS, RssAnon) in KiB: all resident memory, and the part that is
+        not mapped files (heap, stacks: where a leak shows)."""
+        fields = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "RssAnon"):
+                fields[key] = int(rest.split()[0])
+        if len(fields) != 2:
+            raise Failure("no VmRSS/RssAnon in /proc/PID/status")
+        return fields["VmRSS"], fields["RssAnon"]
+
+    def wait_idle(self, timeout=30):
+        """Wait until nothing runs or waits and every KV block is free."""
+        deadline = time.monotonic() + timeout
+        while True:
+            _, h = self.health()
+            s, kv = h["scheduler"], h["kv_cache"]
+            if (kv["blocks_used"] == 0 and s["running_seqs"] == 0 and s["queued"] == 0
+                    and s["running_requests"] == 0):
+                return h
+            if time.monotonic() > deadline:
+                raise Failure(f"not idle {timeout} s after the load: kv_cache={kv} scheduler={s}")
+            time.sleep(0.05)
+
+    def stop(self):
+        """SIGTERM; returns (exit code, sanitizer reports found in the log)."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            rc = "hung (killed after 60 s)"
+        log = self.log()
+        bad = [m for m in ("AddressSanitizer", "LeakSanitizer", "runtime error:",
+                           "Fatal error in GNU libmicrohttpd") if m in log]
+        return rc, bad
+
+
+# ---- one request of each kind ------------------------------------------------
+
+def texts_of(body):
+    choices = sorted(json.loads(body)["choices"], key=lambda c: c["index"])
+    return [c["text"] for c in choices]
+
+
+def check_error_shape(status, headers, body, want):
+    if status != want:
+        raise Failure(f"status {status}, want {want}: {body[:200]!r}")
+    if not headers.get("Content-Type", "").startswith("application/json"):
+        raise Failure(f"error Content-Type {headers.get('Content-Type')!r}")
+    err = json.loads(body).get("error")
+    if not (isinstance(err, dict) and isinstance(err.get("message"), str) and err["message"]
+            and isinstance(err.get("type"), str) and "param" in err and "code" in err):
+        raise Failure(f"not an OpenAI-shaped error: {body[:200]!r}")
+
+
+def do_valid(srv, spec, ref):
+    status, _, body = srv.post(json.dumps(spec).encode())
+    if status != 200:
+        raise Failure(f"status {status}: {body[:200]!r}")
+    got = texts_of(body)
+    if got != ref:
+        raise Failure(f"text {got!r} differs from the request alone: {ref!r}")
+
+
+def do_stream(srv, spec, ref):
+    status, headers, body = srv.post(json.dumps(dict(spec, stream=True)).encode())
+    if status != 200:
+        raise Failure(f"status {status}: {body[:200]!r}")
+    if not headers.get("Content-Type", "").startswith("text/event-stream"):
+        raise Failure(f"stream Content-Type {headers.get('Content-Type')!r}")
+    text = body.decode("utf-8")
+    if not text.endswith("data: [DONE]\n\n"):
+        raise Failure(f"stream does not end with [DONE]: {text[-200:]!r}")
+    out = [""] * len(ref)
+    for block in text.split("\n\n")[:-2]:
+        if not block.startswith("data: "):
+            raise Failure(f"bad SSE block {block[:100]!r}")
+        ev = json.loads(block[6:])
+        if "error" in ev:
+            raise Failure(f"error event {ev}")
+        for ch in ev.get("choices", []):
+            out[ch["index"]] += ch["text"]
+    if out != ref:
+        raise Failure(f"streamed {out!r} differs from the non-streamed text {ref!r}")
+
+
+def do_cancel(srv):
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True,
+                       "temperature": 0, "stream": True}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT)
+    try:
+        s.sendall(head + body)
+        buf = b""
+        while b"data: " not in buf:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise Failure(f"connection closed before the first chunk: {buf[:200]!r}")
+            buf += chunk
+        if not buf.startswith(b"HTTP/1.1 200"):
+            raise Failure(f"stream answered {buf[:100]!r}")
+    finally:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
+
+
+def do_malformed(srv, case):
+    body, ctype, want = case
+    status, headers, resp = srv.post(body, ctype)
+    check_error_shape(status, headers, resp, want)
+
+
+def do_oversize(srv, extra):
+    pad = MAX_BODY + 1 + extra
+    body = b'{"prompt": "' + b"a" * pad + b'"}'
+    status, headers, resp = srv.post(body)
+    check_error_shape(status, headers, resp, 413)
+
+
+# ---- the run -----------------------------------------------------------------
+
+class Tally:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.sent = {k: 0 for k in KINDS}
+        self.failed = {k: 0 for k in KINDS}
+        self.examples = []
+
+    def add(self, kind, err):
+        with self.lock:
+            self.sent[kind] += 1
+            if err is not None:
+                self.failed[kind] += 1
+                if len(self.examples) < 10:
+                    self.examples.append(f"{kind}: {err}")
+
+
+def run_phase(srv, plan, refs, concurrency, tally, deadline):
+    def one(item):
+        kind, arg = item
+        if time.monotonic() > deadline:
+            tally.add(kind, "not sent: the soak test ran out of time")
+            return
+        try:
+            if kind == "valid":
+                do_valid(srv, VALID[arg], refs[arg])
+            elif kind == "stream":
+                do_stream(srv, VALID[arg], refs[arg])
+            elif kind == "cancel":
+                do_cancel(srv)
+            elif kind == "malformed":
+                do_malformed(srv, MALFORMED[arg])
+            else:
+                do_oversize(srv, arg)
+            tally.add(kind, None)
+        except Exception as e:  # noqa: BLE001 — every failure is counted
+            tally.add(kind, f"{type(e).__name__}: {e}"[:400])
+    with ThreadPoolExecutor(concurrency) as ex:
+        list(ex.map(one, plan))
+
+
+def make_plan(n, rng):
+    plan = []
+    for _ in range(n):
+        kind = rng.choices(KINDS, WEIGHTS)[0]
+        arg = {"valid": lambda: rng.randrange(len(VALID)),
+               "stream": lambda: rng.randrange(len(VALID)),
+               "cancel": lambda: None,
+               "malformed": lambda: rng.randrange(len(MALFORMED)),
+               "oversize": lambda: rng.randrange(0, 4096)}[kind]()
+        plan.append((kind, arg))
+    return plan
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default=os.environ.get("DOLPHIN_BIN", REPO / "build" / "dolphind"))
+    ap.add_argument("--shared", default=os.environ.get("DOLPHIN_SHARED", REPO.parent / "shared"))
+    ap.add_argument("--requests", type=int, default=2000, help="total, warm-up included")
+    ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2, help="dolphind compute threads")
+    ap.add_argument("--backend", default="cpu",
+                    help="dolphind --backend (cpu: F32, so batching never changes a greedy "
+                         "result; with FP16 on a GPU it may)")
+    ap.add_argument("--max-rss-growth", type=float, default=5.0, help="percent")
+    ap.add_argument("--no-rss-check", action="store_true",
+                    help="report memory but do not judge it (sanitizer builds, whose "
+                         "quarantine keeps freed memory resident)")
+    ap.add_argument("--time-limit", type=float, default=300, help="seconds for the whole run")
+    ap.add_argument("--seed", type=int, default=8)
+    a = ap.parse_args()
+
+    model = Path(a.shared) / "models" / "stories260K"
+    if not model.is_dir():
+        print(f"soak: skipped: test model {model} not found (set DOLPHIN_SHARED)")
+        return 0
+    if not Path(a.bin).is_file():
+        print(f"soak: FAILED: {a.bin} not built")
+        return 1
+
+    t0 = time.monotonic()
+    deadline = t0 + a.time_limit
+    rng = random.Random(a.seed)
+    problems = []
+    try:
+        srv = Server(a.bin, model, a.threads, a.backend)
+    except Failure as e:
+        print(f"soak: FAILED: {e}")
+        return 1
+    try:
+        # 1. references: each valid request alone
+        refs = []
+        for spec in VALID:
+            status, _, body = srv.post(json.dumps(spec).encode())
+            if status != 200:
+                raise Failure(f"reference request {spec} answered {status}: {body[:200]!r}")
+            refs.append(texts_of(body))
+
+        # 2. warm-up, 3. the rest; RSS after each, once idle
+        tally = Tally()
+        run_phase(srv, make_plan(a.warmup, rng), refs, a.concurrency, tally, deadline)
+        srv.wait_idle()
+        rss_warm = srv.rss_kib()
+        t_warm = time.monotonic()
+        run_phase(srv, make_plan(a.requests - a.warmup, rng), refs, a.concurrency, tally,
+                  deadline)
+        if srv.proc.poll() is not None:
+            raise Failure(f"dolphind died (exit {srv.proc.returncode}):\n{srv.log()[-3000:]}")
+        h = srv.wait_idle()
+        rss_end = srv.rss_kib()
+        t_end = time.monotonic()
+        status, _ = srv.health()
+        if status != 200:
+            problems.append(f"/healthz answers {status} after the load")
+        growth = 100.0 * (rss_end[0] - rss_warm[0]) / rss_warm[0]
+        anon_growth = 100.0 * (rss_end[1] - rss_warm[1]) / rss_warm[1]
+
+        total = sum(tally.sent.values())
+        errors = sum(tally.failed.values())
+        counts = ", ".join(f"{k} {tally.sent[k]}" for k in KINDS)
+        print(f"soak: {total} requests at concurrency {a.concurrency} ({counts}) "
+              f"in {t_end - t0:.1f} s ({(total - a.warmup) / (t_end - t_warm):.1f} req/s "
+              f"after warm-up)")
+        print(f"soak: failures {errors}"
+              + (" (" + ", ".join(f"{k} {v}" for k, v in tally.failed.items() if v) + ")"
+                 if errors else ""))
+        for ex in tally.examples:
+            print(f"  {ex}")
+        print(f"soak: KV blocks in use after the load {h['kv_cache']['blocks_used']} of "
+              f"{h['kv_cache']['blocks_total']}")
+        print(f"soak: VmRSS after warm-up {rss_warm[0] / 1024:.1f} MiB, at the end "
+              f"{rss_end[0] / 1024:.1f} MiB ({growth:+.2f} %); RssAnon "
+              f"{rss_warm[1] / 1024:.1f} -> {rss_end[1] / 1024:.1f} MiB ({anon_growth:+.2f} %); "
+              + ("not judged" if a.no_rss_check else f"limit {a.max_rss_growth:g} % each"))
+        if errors:
+            problems.append(f"{errors} requests failed")
+        if total < a.requests:
+            problems.append(f"only {total} of {a.requests} requests were sent")
+        if not a.no_rss_check:
+            if growth >= a.max_rss_growth:
+                problems.append(f"resident memory (VmRSS) grew {growth:.2f} % after warm-up")
+            if anon_growth >= a.max_rss_growth:
+                problems.append(f"anonymous memory (RssAnon) grew {anon_growth:.2f} % "
+                                "after warm-up")
+    except (Failure, OSError, ValueError, KeyError) as e:
+        # OSError: the server stopped answering; ValueError/KeyError: bad /healthz
+        problems.append(f"{type(e).__name__}: {e}")
+    finally:
+        rc, bad = srv.stop()
+        if rc != 0 or bad:
+            problems.append(f"dolphind exit {rc} {bad}:\n{srv.log()[-4000:]}")
+        else:
+            os.unlink(srv.log_path)
+    if problems:
+        for p in problems:
+            print(f"soak: FAILED: {p}")
+        return 1
+    print(f"soak: passed in {time.monotonic() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
