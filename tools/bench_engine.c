@@ -66,8 +66,9 @@ int main(int argc, char **argv)
         return 2;
     }
     float *logits = malloc(sizeof(float) * (size_t)V * max_b);
-    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(prompt + decode));
-    for (int i = 0; i < prompt + decode; i++) toks[i] = 3 + (i * 7919) % (V - 3);
+    int n_toks = prompt + decode + 16 + max_b; /* decode runs use toks[b .. 16+b+decode) */
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_toks);
+    for (int i = 0; i < n_toks; i++) toks[i] = 3 + (i * 7919) % (V - 3);
 
     printf("model %s: %d layers, hidden %d, vocab %d, weights %.1f MiB, threads %d, ready in %.0f ms\n",
            m->name, m->cfg.n_layers, m->cfg.hidden_size, V, dol_engine_weight_bytes(e) / 1048576.0,

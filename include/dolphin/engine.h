@@ -150,7 +150,9 @@ typedef struct {
  * per call for the whole batch (matrix-matrix products over the concatenated
  * tokens, no padding). Writes K/V of the new tokens into each sequence's
  * blocks and the requested logits. Results for an item do not depend on the
- * other items (batch-invariant, bit for bit). -1 with err on invalid input
+ * other items: on the CPU backend bit for bit; on CUDA, cuBLAS may sum in
+ * another order when the number of rows changes, so there greedy tokens are
+ * what is guaranteed (and tested) to match. -1 with err on invalid input
  * (unknown sequence, position past the context, too many tokens). */
 int dol_engine_forward(dol_engine *e, dol_batch_item *items, int n_items,
                        char *err, size_t errlen);

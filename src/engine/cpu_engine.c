@@ -451,6 +451,7 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
 
 const dol_backend_ops dol_cpu_backend = {
     .name = "cpu",
+    .kv_elem_bytes = sizeof(float),
     .create = cpu_create,
     .destroy = cpu_destroy,
     .forward = cpu_forward,

@@ -75,6 +75,16 @@ typedef struct {
 } matmul_job;
 
 #ifdef DOL_SIMD
+/* Pin a vector to a register. Without it GCC folds the load of x into each
+ * of the NC FMAs that use it, one load per FMA, and the tile becomes bound
+ * by loads (2.3 x slower at 8 rows of x on this machine's Zen 5). The empty
+ * asm changes no value and no instruction order of the arithmetic. */
+static inline vecf v_in_register(vecf v)
+{
+    __asm__("" : "+v"(v));
+    return v;
+}
+
 /* Register tile: NR rows of x against 4 rows of W; each W vector is loaded
  * (and converted from F16) once for all NR rows. Every output follows
  * dol_cpu_dot's order exactly. */
@@ -97,7 +107,7 @@ typedef struct {
                            ? v_load_h((const uint16_t *)W + (size_t)(n + c) * K + k)       \
                            : v_load((const float *)W + (size_t)(n + c) * K + k);           \
             for (int r = 0; r < NR; r++) {                                                 \
-                vecf xv = v_load(x + (size_t)r * K + k);                                   \
+                vecf xv = v_in_register(v_load(x + (size_t)r * K + k));                    \
                 for (int c = 0; c < NC; c++) acc[r][c] = v_fma(xv, w[c], acc[r][c]);       \
             }                                                                              \
         }                                                                                  \
@@ -242,15 +252,6 @@ static inline vecf nf4_decode(const uint8_t *codes, int s, nf4_lut lut)
 #define NF4_NC 2 /* fewer registers: 16 ymm */
 #endif
 
-/* Pin a vector to a register. Without it GCC folds the load of x into each
- * of the NC FMAs that use it, one load per FMA, and the tile becomes bound
- * by loads (2.3 x slower at 8 rows of x on this machine's Zen 5). The empty
- * asm changes no value and no instruction order of the arithmetic. */
-static inline vecf v_in_register(vecf v)
-{
-    __asm__("" : "+v"(v));
-    return v;
-}
 
 /* Register tile: NR rows of x against NC rows of W (rows n .. n+NC-1); the
  * codes of each block are decoded once for all NR rows of x. Every output

@@ -56,7 +56,8 @@ int dol_engine_create(const dol_model *model, const dol_engine_params *p,
     int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
 
     /* KV pool size wanted, in blocks (0 = the backend decides) */
-    size_t per_token = (size_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * sizeof(float);
+    size_t elem = ops->kv_elem_bytes > 0 ? (size_t)ops->kv_elem_bytes : sizeof(float);
+    size_t per_token = (size_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * elem;
     int64_t tokens = p->kv_cache_tokens;
     if (tokens <= 0 && p->kv_cache_bytes > 0) tokens = p->kv_cache_bytes / (int64_t)per_token;
     int64_t want = tokens > 0 ? (tokens + bs - 1) / bs : 0;
