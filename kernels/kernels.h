@@ -2,7 +2,8 @@
  * per kernel family, callable from C (src/engine/cuda_engine.c) and from the
  * tests. Every launcher enqueues work on `stream` and returns the launch
  * status (cudaGetLastError), never aborts; errors during execution surface
- * at the next synchronisation.
+ * at the next synchronisation. (dol_cuda_nf4_matmul, which also calls
+ * cuBLAS, returns 0 or -1 with a message instead.)
  *
  * Conventions: FP16 values are passed as dol_f16 (IEEE binary16 bits in a
  * uint16_t; the kernels reinterpret them as __half). All matrices are
@@ -22,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
@@ -121,6 +123,55 @@ cudaError_t dol_cuda_argmax_rows(int32_t *idx, float *val, const float *logits, 
  * so logprob(i) = logits[i] - lse without copying the row to the host. */
 cudaError_t dol_cuda_logsumexp_rows(float *lse, const float *logits, int R, int V,
                                     cudaStream_t stream);
+
+/* ---- NF4 weights (kernels/nf4.cu) --------------------------------------------
+ * The layout of src/engine/nf4.h, on the device: codes [rows][cols/2] bytes
+ * and scales [rows][ceil(cols/64)] F16, both row-major; blocks of
+ * DOL_CUDA_NF4_BLOCK weights along cols (the last one shorter when cols % 64
+ * != 0); byte j of a block of n weights holds weight j in its low nibble and
+ * weight j + n/2 in its high nibble; weight = dol_nf4_levels[code] * scale.
+ * Rows of several matrices with the same cols may be concatenated (fused
+ * QKV, gate|up): blocks never cross rows. */
+#define DOL_CUDA_NF4_BLOCK 64
+/* Most token rows of one decode-kernel launch. */
+#define DOL_CUDA_NF4_GEMV_MAX_T 8
+/* dol_cuda_nf4_matmul uses the decode kernel (in launches of up to
+ * DOL_CUDA_NF4_GEMV_MAX_T rows) up to this many rows, dequantized tiles and
+ * cuBLAS above. */
+#define DOL_CUDA_NF4_GEMV_UPTO 16
+
+typedef struct {
+    const uint8_t *codes;   /* device [rows][cols/2] */
+    const dol_f16 *scales;  /* device [rows][ceil(cols/64)] */
+    int rows, cols;         /* N (out_features), K (in_features, even) */
+} dol_cuda_nf4;
+
+/* Decode: out[t][n] = sum_k x[t][k] * level(W[n][k]) * scale, t < T <=
+ * DOL_CUDA_NF4_GEMV_MAX_T, n < W->rows. x: [T][cols] FP16; out: [T][rows]
+ * FP32. The packed weights are read once and decoded in registers; FP32
+ * accumulation, per (output, block of 64): sum(x * level) then * scale.
+ * Fastest when cols % 64 == 0 and codes and x are 16-byte aligned (another
+ * kernel handles the rest). Each output row is computed the same way whatever
+ * T is. cudaErrorInvalidValue for T > DOL_CUDA_NF4_GEMV_MAX_T or odd cols. */
+cudaError_t dol_cuda_nf4_gemv(float *out, const dol_f16 *x, int T, const dol_cuda_nf4 *W,
+                              cudaStream_t stream);
+
+/* Rows row0 .. row0 + rows - 1 of W as FP16 into w ([rows][cols]):
+ * fp16(dol_nf4_levels[code] * scale), rounded to nearest even, so exactly
+ * dol_f32_to_f16 of dol_nf4_dequantize_row's floats. */
+cudaError_t dol_cuda_nf4_dequant(dol_f16 *w, const dol_cuda_nf4 *W, int row0, int rows,
+                                 cudaStream_t stream);
+
+/* out[T][rows] = x[T][cols] . dequant(W)^T for any T, on `stream` (blas must
+ * already be bound to it): T <= DOL_CUDA_NF4_GEMV_UPTO through
+ * dol_cuda_nf4_gemv; more rows through tiles of ws_elems / cols rows of W
+ * dequantized to FP16 in ws and cublasGemmEx (FP16 inputs, FP32 accumulation
+ * and output), one tile after the other. Unlike the launchers above it
+ * returns 0, or -1 with one line in err (a CUDA or cuBLAS failure, or a
+ * workspace smaller than one row when T > DOL_CUDA_NF4_GEMV_UPTO). */
+int dol_cuda_nf4_matmul(cublasHandle_t blas, float *out, const dol_f16 *x, int T,
+                        const dol_cuda_nf4 *W, dol_f16 *ws, size_t ws_elems, cudaStream_t stream,
+                        char *err, size_t errlen);
 
 /* cudaSuccess when this binary holds kernel code the current device can run
  * (cudaErrorNoKernelImageForDevice otherwise). */

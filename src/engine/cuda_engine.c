@@ -7,7 +7,12 @@
  * Precision (docs/cuda.md): linear-layer weights and the embedding in FP16
  * (F32/BF16 checkpoints converted once at load, on the host); every matrix
  * product through cuBLAS with FP16 inputs, FP32 accumulation
- * (CUBLAS_COMPUTE_32F) and FP32 output; the residual stream, Q, RoPE,
+ * (CUBLAS_COMPUTE_32F) and FP32 output. With weights nf4 the linear layers
+ * (lm_head unless quantize_lm_head is false) are quantized at load on the
+ * host by src/engine/nf4.c and held as 4-bit codes + F16 block scales; their
+ * products go through kernels/nf4.cu (dol_cuda_nf4_matmul: a decode kernel
+ * that dequantizes in registers for a few rows, dequantized FP16 tiles and
+ * cuBLAS for more). The residual stream, Q, RoPE,
  * softmax and norms in FP32; the inputs of the products (normed activations,
  * attention output, SiLU·up) rounded to FP16; the KV cache in FP16.
  *
@@ -45,6 +50,8 @@ int dol_cuda_utilization(int *percent)
 
 #include "dolphin/log.h"
 #include "engine/cpu_ops.h"
+#include "engine/nf4.h"
+#include "engine/threadpool.h"
 #include "kernels/cuda_common.cuh"
 #include "kernels/kernels.h"
 
@@ -55,16 +62,30 @@ int dol_cuda_utilization(int *percent)
                                               loaded lazily, graphs, allocator slack */
 #define SPLIT_LEN_MIN 64                   /* decode attention: positions per split */
 #define SPLITS_MAX 64
+#define NF4_WS_ELEMS ((size_t)16 << 20)    /* FP16 values of the NF4 dequantization workspace
+                                              (32 MiB): the tile of W per prefill product */
 #define MIB(b) ((double)(b) / 1048576.0)
+
+_Static_assert(DOL_CUDA_NF4_BLOCK == DOL_NF4_BLOCK, "kernels and nf4.c disagree on the NF4 block");
+
+static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 static int g_cuda_dev; /* the device in use, for the utilisation probe */
 
+/* A linear layer on the device, W [N][K]: FP16, or (f16 == NULL) NF4 codes
+ * and scales. */
+typedef struct {
+    int N, K;
+    dol_f16 *f16;
+    dol_cuda_nf4 nf4;
+} cu_linear;
+
 typedef struct {
     float *attn_norm, *ffn_norm; /* [d] FP32 */
-    dol_f16 *wqkv;               /* [q_dim + 2*kv_dim][d]: q rows, k rows, v rows */
-    dol_f16 *wo;                 /* [d][q_dim] */
-    dol_f16 *wgu;                /* [2f][d]: gate rows, then up rows */
-    dol_f16 *wdown;              /* [d][f] */
+    cu_linear qkv;               /* [q_dim + 2*kv_dim][d]: q rows, k rows, v rows */
+    cu_linear o;                 /* [d][q_dim] */
+    cu_linear gu;                /* [2f][d]: gate rows, then up rows */
+    cu_linear down;              /* [d][f] */
 } cu_layer;
 
 typedef struct {
@@ -81,9 +102,13 @@ typedef struct {
     void **allocs;               /* every cudaMalloc, freed in destroy */
     int n_allocs, cap_allocs;
     size_t weight_bytes;
+    bool nf4, nf4_head;          /* weights nf4: the layers' linear matrices, lm_head */
+    int n_threads;               /* host threads for load-time quantization */
+    dol_quant_stats qs;
 
     cu_layer *L;
-    dol_f16 *embed, *lm_head;    /* lm_head == embed when tied */
+    dol_f16 *embed;
+    cu_linear lm_head;           /* FP16 and sharing embed when tied and not NF4 */
     float *final_norm;
     float *rope_cos, *rope_sin;  /* [ctx][hd/2] */
     dol_f16 *kv_pool;
@@ -93,6 +118,8 @@ typedef struct {
     float *x, *dx, *qkv, *gu, *logits, *part;
     dol_f16 *xn, *att, *hbuf;
     void *blas_ws;
+    dol_f16 *nf4_ws;             /* NF4 products of many rows: a dequantized tile of W */
+    size_t nf4_ws_elems;         /* 0 when no NF4 product ever takes that path */
 
     /* per-call metadata, int32: pinned host copy and device copy */
     int32_t *meta_h, *meta_d;
@@ -171,12 +198,26 @@ static void *up_next(uploader *u, char *err, size_t errlen)
     return u->stage[u->cur];
 }
 
-static int up_send(uploader *u, void *dst, size_t bytes, char *err, size_t errlen)
+/* Copy bytes at offset `off` of the current pinned buffer to dst. */
+static int up_copy(uploader *u, void *dst, size_t off, size_t bytes, char *err, size_t errlen)
 {
-    CUDA_CHECK(cudaMemcpyAsync(dst, u->stage[u->cur], bytes, cudaMemcpyHostToDevice, u->s));
+    CUDA_CHECK(cudaMemcpyAsync(dst, (const char *)u->stage[u->cur] + off, bytes,
+                               cudaMemcpyHostToDevice, u->s));
+    return 0;
+}
+
+/* The current buffer's copies are all enqueued: mark them, use the other. */
+static int up_flip(uploader *u, char *err, size_t errlen)
+{
     CUDA_CHECK(cudaEventRecord(u->done[u->cur], u->s));
     u->cur ^= 1;
     return 0;
+}
+
+static int up_send(uploader *u, void *dst, size_t bytes, char *err, size_t errlen)
+{
+    if (up_copy(u, dst, 0, bytes, err, errlen)) return -1;
+    return up_flip(u, err, errlen);
 }
 
 /* All rows x cols elements of t, as FP16, to dst. */
@@ -201,6 +242,56 @@ static int up_f16(uploader *u, dol_f16 *dst, const dol_tensor *t, char *err, siz
     return 0;
 }
 
+/* t ([rows][K], any dtype) quantized to NF4 on the host (nf4.c, on the
+ * pool) a slab of rows at a time, straight into a pinned buffer (codes, then
+ * the F16 scales at a 16-byte aligned offset), and copied to rows row0.. of
+ * the device matrix dst while the next slab is quantized. */
+static int up_nf4(cuda_engine *e, uploader *u, dol_pool *pool, const dol_cuda_nf4 *dst,
+                  int64_t row0, const dol_tensor *t, const char *what, char *err, size_t errlen)
+{
+    const int64_t K = t->cols, bpr = (K + DOL_NF4_BLOCK - 1) / DOL_NF4_BLOCK;
+    const size_t esz = dol_dtype_size(t->dtype);
+    const int64_t slab = (int64_t)((STAGE_BYTES - 16) / ((size_t)K / 2 + (size_t)bpr * sizeof(uint16_t)));
+    if (dol_nf4_check_cols(K, what, err, errlen) != 0) return -1;
+    if (slab < 1) {
+        dol_set_err(err, errlen, "cuda: %s: rows of %lld weights are too long", what, (long long)K);
+        return -1;
+    }
+    for (int64_t r0 = 0; r0 < t->rows; r0 += slab) {
+        const int64_t nr = t->rows - r0 < slab ? t->rows - r0 : slab;
+        uint8_t *h = up_next(u, err, errlen);
+        if (!h) return -1;
+        const size_t codes = dol_nf4_codes_bytes(nr, K), scales = dol_nf4_scales_bytes(nr, K);
+        const size_t scales_off = align_up(codes, 16);
+        dol_tensor part = *t;
+        part.rows = nr;
+        part.data = (const char *)t->data + (size_t)r0 * (size_t)K * esz;
+        dol_nf4_matrix m = { .codes = h, .scales = (uint16_t *)(void *)(h + scales_off) };
+        const double t0 = dol_now_ms();
+        if (dol_nf4_quantize(pool, &part, &m, what, err, errlen) != 0) return -1;
+        e->qs.quant_seconds += (dol_now_ms() - t0) / 1000.0;
+        if (up_copy(u, (uint8_t *)dst->codes + (size_t)(row0 + r0) * (size_t)(K / 2), 0, codes, err,
+                    errlen) ||
+            up_copy(u, (dol_f16 *)dst->scales + (size_t)(row0 + r0) * (size_t)bpr, scales_off, scales,
+                    err, errlen) ||
+            up_flip(u, err, errlen))
+            return -1;
+    }
+    e->qs.n_quantized++;
+    e->qs.quant_bytes_before += (size_t)(t->rows * K) * esz;
+    e->qs.quant_bytes_after += dol_nf4_bytes(t->rows, K);
+    return 0;
+}
+
+/* Rows row0.. of the linear matrix dst from the checkpoint tensor t, in the
+ * format dst holds. */
+static int up_linear(cuda_engine *e, uploader *u, dol_pool *pool, const cu_linear *dst, int64_t row0,
+                     const dol_tensor *t, const char *what, char *err, size_t errlen)
+{
+    if (dst->f16) return up_f16(u, dst->f16 + (size_t)row0 * (size_t)dst->K, t, err, errlen);
+    return up_nf4(e, u, pool, &dst->nf4, row0, t, what, err, errlen);
+}
+
 /* A norm vector ([1, n]) as FP32. */
 static int up_f32(uploader *u, float *dst, const dol_tensor *t, char *err, size_t errlen)
 {
@@ -217,19 +308,33 @@ static int up_f32(uploader *u, float *dst, const dol_tensor *t, char *err, size_
 
 /* ---- sizing ------------------------------------------------------------- */
 
-static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+/* A [rows][cols] linear matrix as held: NF4 codes + scales, or FP16. */
+static size_t held_bytes(size_t rows, size_t cols, bool nf4)
+{
+    return nf4 ? dol_nf4_bytes((int64_t)rows, (int64_t)cols) : rows * cols * sizeof(dol_f16);
+}
 
-static size_t linear_weight_bytes(const dol_model *m)
+/* Every weight as held on the device; fills the size fields of e->qs. */
+static size_t linear_weight_bytes(cuda_engine *e, const dol_model *m)
 {
     const dol_model_config *c = &m->cfg;
     const size_t d = (size_t)c->hidden_size, f = (size_t)c->intermediate_size;
     const size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
-    size_t per_layer = ((q + 2 * kv) * d + d * q + 2 * f * d + d * f) * sizeof(dol_f16) +
-                       2 * d * sizeof(float);
+    const size_t V = (size_t)c->vocab_size;
+    const size_t shapes[7][2] = { { q, d }, { kv, d }, { kv, d }, { d, q }, { f, d }, { f, d }, { d, f } };
+    size_t per_layer = 2 * d * sizeof(float), per_layer_f16 = 0;
+    for (int i = 0; i < 7; i++) {
+        per_layer += held_bytes(shapes[i][0], shapes[i][1], e->nf4);
+        per_layer_f16 += held_bytes(shapes[i][0], shapes[i][1], false);
+    }
+    const bool tied = m->lm_head.data == m->embed.data;
+    const size_t head = held_bytes(V, d, e->nf4_head);
+    e->qs.linear_bytes = (per_layer - 2 * d * sizeof(float)) * (size_t)c->n_layers + head;
+    e->qs.linear_f16_bytes = per_layer_f16 * (size_t)c->n_layers + held_bytes(V, d, false);
     size_t b = per_layer * (size_t)c->n_layers;
-    b += (size_t)c->vocab_size * d * sizeof(dol_f16); /* embedding */
-    if (m->lm_head.data != m->embed.data) b += (size_t)c->vocab_size * d * sizeof(dol_f16);
-    b += d * sizeof(float); /* final norm */
+    b += V * d * sizeof(dol_f16); /* embedding */
+    if (!tied || e->nf4_head) b += head;
+    b += d * sizeof(float);       /* final norm */
     return b;
 }
 
@@ -259,6 +364,7 @@ static size_t workspace_bytes(const cuda_engine *e)
          sizeof(float);
     b += T * ((size_t)e->d + e->q_dim + e->f) * sizeof(dol_f16); /* xn, att, hbuf */
     b += BLAS_WS_BYTES;
+    b += e->nf4_ws_elems * sizeof(dol_f16);
     b += e->meta_n * sizeof(int32_t);
     b += 2 * (size_t)e->ctx * (e->hd / 2) * sizeof(float); /* RoPE tables */
     b += (size_t)16 * 256;                                 /* allocation rounding */
@@ -268,6 +374,23 @@ static size_t workspace_bytes(const cuda_engine *e)
 /* ---- create / destroy ------------------------------------------------------ */
 
 static void cuda_destroy(void *impl);
+
+/* Device memory for a linear matrix [N][K]: FP16, or NF4 codes + scales. */
+static int alloc_linear(cuda_engine *e, cu_linear *w, int N, int K, bool nf4, char *err,
+                        size_t errlen)
+{
+    memset(w, 0, sizeof *w);
+    w->N = N;
+    w->K = K;
+    if (!nf4) return dalloc(e, &w->f16, (size_t)N * (size_t)K * sizeof(dol_f16), "weights", err, errlen);
+    uint8_t *codes = NULL;
+    dol_f16 *scales = NULL;
+    if (dalloc(e, &codes, dol_nf4_codes_bytes(N, K), "weights", err, errlen) ||
+        dalloc(e, &scales, dol_nf4_scales_bytes(N, K), "weights", err, errlen))
+        return -1;
+    w->nf4 = (dol_cuda_nf4){ codes, scales, N, K };
+    return 0;
+}
 
 static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_t errlen)
 {
@@ -279,18 +402,18 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
         cu_layer *w = &e->L[l];
         if (dalloc(e, &w->attn_norm, d * sizeof(float), "weights", err, errlen) ||
             dalloc(e, &w->ffn_norm, d * sizeof(float), "weights", err, errlen) ||
-            dalloc(e, &w->wqkv, (size_t)e->qkv_dim * d * sizeof(dol_f16), "weights", err, errlen) ||
-            dalloc(e, &w->wo, d * e->q_dim * sizeof(dol_f16), "weights", err, errlen) ||
-            dalloc(e, &w->wgu, 2 * f * d * sizeof(dol_f16), "weights", err, errlen) ||
-            dalloc(e, &w->wdown, d * f * sizeof(dol_f16), "weights", err, errlen))
+            alloc_linear(e, &w->qkv, e->qkv_dim, e->d, e->nf4, err, errlen) ||
+            alloc_linear(e, &w->o, e->d, e->q_dim, e->nf4, err, errlen) ||
+            alloc_linear(e, &w->gu, 2 * e->f, e->d, e->nf4, err, errlen) ||
+            alloc_linear(e, &w->down, e->d, e->f, e->nf4, err, errlen))
             return -1;
     }
     if (dalloc(e, &e->embed, (size_t)e->V * d * sizeof(dol_f16), "weights", err, errlen) ||
         dalloc(e, &e->final_norm, d * sizeof(float), "weights", err, errlen))
         return -1;
     bool tied = m->lm_head.data == m->embed.data;
-    if (tied) e->lm_head = e->embed;
-    else if (dalloc(e, &e->lm_head, (size_t)e->V * d * sizeof(dol_f16), "weights", err, errlen))
+    if (tied && !e->nf4_head) e->lm_head = (cu_linear){ .N = e->V, .K = e->d, .f16 = e->embed };
+    else if (alloc_linear(e, &e->lm_head, e->V, e->d, e->nf4_head, err, errlen))
         return -1;
 
     const size_t T = (size_t)e->max_T;
@@ -309,6 +432,9 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
         dalloc(e, &e->meta_d, e->meta_n * sizeof(int32_t), "workspaces", err, errlen) ||
         dalloc(e, &e->rope_cos, (size_t)e->ctx * (e->hd / 2) * sizeof(float), "workspaces", err, errlen) ||
         dalloc(e, &e->rope_sin, (size_t)e->ctx * (e->hd / 2) * sizeof(float), "workspaces", err, errlen))
+        return -1;
+    if (e->nf4_ws_elems &&
+        dalloc(e, &e->nf4_ws, e->nf4_ws_elems * sizeof(dol_f16), "workspaces", err, errlen))
         return -1;
     CUBLAS_CHECK(cublasSetWorkspace(e->blas, e->blas_ws, BLAS_WS_BYTES));
     CUDA_CHECK(cudaMallocHost((void **)&e->meta_h, e->meta_n * sizeof(int32_t)));
@@ -343,26 +469,44 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
     CUDA_CHECK(rc1);
     CUDA_CHECK(rc2);
 
-    /* weights: q/k/v rows into one matrix, gate/up rows into another */
+    /* weights: q/k/v rows into one matrix, gate/up rows into another (NF4:
+     * quantized on the host on a pool of n_threads, slab by slab) */
+    dol_pool *pool = NULL;
+    if (e->nf4 || e->nf4_head) {
+        pool = dol_pool_new(e->n_threads);
+        if (!pool) {
+            dol_set_err(err, errlen, "engine: cannot start %d threads", e->n_threads);
+            return -1;
+        }
+    }
     uploader u;
     int rc = up_init(&u, e->stream, err, errlen);
     for (int l = 0; rc == 0 && l < c->n_layers; l++) {
         const dol_layer_weights *s = &m->layers[l];
         cu_layer *w = &e->L[l];
+        const struct { const cu_linear *dst; int64_t row0; const dol_tensor *src; const char *name; } lin[] = {
+            { &w->qkv, 0, &s->q, "self_attn.q_proj" },
+            { &w->qkv, e->q_dim, &s->k, "self_attn.k_proj" },
+            { &w->qkv, (int64_t)e->q_dim + e->kv_dim, &s->v, "self_attn.v_proj" },
+            { &w->o, 0, &s->o, "self_attn.o_proj" },
+            { &w->gu, 0, &s->gate, "mlp.gate_proj" },
+            { &w->gu, e->f, &s->up, "mlp.up_proj" },
+            { &w->down, 0, &s->down, "mlp.down_proj" },
+        };
         rc = up_f32(&u, w->attn_norm, &s->attn_norm, err, errlen) ||
-             up_f32(&u, w->ffn_norm, &s->ffn_norm, err, errlen) ||
-             up_f16(&u, w->wqkv, &s->q, err, errlen) ||
-             up_f16(&u, w->wqkv + (size_t)e->q_dim * d, &s->k, err, errlen) ||
-             up_f16(&u, w->wqkv + ((size_t)e->q_dim + e->kv_dim) * d, &s->v, err, errlen) ||
-             up_f16(&u, w->wo, &s->o, err, errlen) ||
-             up_f16(&u, w->wgu, &s->gate, err, errlen) ||
-             up_f16(&u, w->wgu + f * d, &s->up, err, errlen) ||
-             up_f16(&u, w->wdown, &s->down, err, errlen) ? -1 : 0;
+             up_f32(&u, w->ffn_norm, &s->ffn_norm, err, errlen) ? -1 : 0;
+        for (size_t i = 0; rc == 0 && i < sizeof lin / sizeof lin[0]; i++) {
+            char what[96];
+            snprintf(what, sizeof what, "model.layers.%d.%s.weight", l, lin[i].name);
+            rc = up_linear(e, &u, pool, lin[i].dst, lin[i].row0, lin[i].src, what, err, errlen);
+        }
     }
     if (rc == 0) rc = up_f16(&u, e->embed, &m->embed, err, errlen);
-    if (rc == 0 && !tied) rc = up_f16(&u, e->lm_head, &m->lm_head, err, errlen);
+    if (rc == 0 && (!tied || e->nf4_head))
+        rc = up_linear(e, &u, pool, &e->lm_head, 0, &m->lm_head, "lm_head.weight", err, errlen);
     if (rc == 0) rc = up_f32(&u, e->final_norm, &m->final_norm, err, errlen);
     up_free(&u);
+    dol_pool_free(pool);
     if (rc) return -1;
     CUDA_CHECK(cudaDeviceSynchronize()); /* every upload and memset done */
     return 0;
@@ -372,11 +516,17 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
                        int *n_blocks, void **out, char *err, size_t errlen)
 {
     const dol_model_config *c = &m->cfg;
-    if (p->weights != DOL_WEIGHTS_AUTO && p->weights != DOL_WEIGHTS_F16) {
-        dol_set_err(err, errlen, "weights: the CUDA backend holds weights in f16 only (use "
-                                 "weights: f16 or auto, or backend: cpu)");
+    if (p->weights != DOL_WEIGHTS_AUTO && p->weights != DOL_WEIGHTS_F16 &&
+        p->weights != DOL_WEIGHTS_NF4) {
+        dol_set_err(err, errlen, "weights: the CUDA backend holds weights in f16 or nf4 (use "
+                                 "weights: f16, nf4 or auto, or backend: cpu)");
         return -1;
     }
+    if (p->weights == DOL_WEIGHTS_NF4 &&
+        (dol_nf4_check_cols(c->hidden_size, "hidden_size", err, errlen) != 0 ||
+         dol_nf4_check_cols((int64_t)c->n_heads * c->head_dim, "n_heads * head_dim", err, errlen) != 0 ||
+         dol_nf4_check_cols(c->intermediate_size, "intermediate_size", err, errlen) != 0))
+        return -1;
     if (c->head_dim % 8 != 0 || c->head_dim > DOL_CUDA_MAX_HEAD_DIM) {
         dol_set_err(err, errlen, "cuda: head_dim %d is not supported (a multiple of 8, at most %d)",
                     c->head_dim, DOL_CUDA_MAX_HEAD_DIM);
@@ -401,6 +551,9 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
     e->ctx = ctx;
     e->bs = bs;
     e->scale = 1.0f / sqrtf((float)c->head_dim);
+    e->nf4 = p->weights == DOL_WEIGHTS_NF4;
+    e->nf4_head = e->nf4 && p->quantize_lm_head;
+    e->n_threads = p->n_threads > 0 ? p->n_threads : 1;
     e->max_T = p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048;
     int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
     e->max_items = max_seqs < e->max_T ? max_seqs : e->max_T;
@@ -412,6 +565,17 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
         e->split_len = (int)align_up((size_t)((ctx + SPLITS_MAX - 1) / SPLITS_MAX), 32);
     e->n_splits = (ctx + e->split_len - 1) / e->split_len;
     e->block_elems = (int64_t)c->n_layers * 2 * bs * e->kv_dim;
+    if ((e->nf4 || e->nf4_head) && e->max_T > DOL_CUDA_NF4_GEMV_UPTO) {
+        /* the dequantized tile: the largest NF4 matrix, at most NF4_WS_ELEMS */
+        size_t most = 0;
+        if (e->nf4) {
+            const size_t d = (size_t)e->d, f = (size_t)e->f;
+            const size_t sizes[4] = { (size_t)e->qkv_dim * d, d * e->q_dim, 2 * f * d, d * f };
+            for (int i = 0; i < 4; i++) most = sizes[i] > most ? sizes[i] : most;
+        }
+        if (e->nf4_head && (size_t)e->V * e->d > most) most = (size_t)e->V * e->d;
+        e->nf4_ws_elems = most < NF4_WS_ELEMS ? most : NF4_WS_ELEMS;
+    }
     plan_meta(e);
     const char *g = getenv("DOLPHIN_CUDA_GRAPHS");
     e->graphs_on = !(g && strcmp(g, "0") == 0);
@@ -458,7 +622,7 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
     }
     const double in_use = (double)(total - free0);
     const double avail = frac * (double)total - in_use - (double)RESERVE_BYTES;
-    e->weight_bytes = linear_weight_bytes(m);
+    e->weight_bytes = linear_weight_bytes(e, m);
     const double fixed = (double)e->weight_bytes + (double)workspace_bytes(e);
     const size_t block_bytes = (size_t)e->block_elems * sizeof(dol_f16);
     if (fixed > avail) {
@@ -501,9 +665,10 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
     e->n_blocks = (int)blocks;
     if (alloc_and_upload(e, m, err, errlen) != 0) goto fail;
     dol_log(DOL_LOG_INFO, "cuda_ready",
-            "device=%d weights_mib=%.0f workspace_mib=%.0f kv_blocks=%d kv_mib=%.0f budget_mib=%.0f "
-            "graphs=%d",
-            e->dev, MIB(e->weight_bytes), MIB(workspace_bytes(e)), e->n_blocks,
+            "device=%d weights=%s lm_head=%s weights_mib=%.0f workspace_mib=%.0f kv_blocks=%d "
+            "kv_mib=%.0f budget_mib=%.0f graphs=%d",
+            e->dev, e->nf4 ? "nf4" : "f16", e->nf4_head ? "nf4" : "f16", MIB(e->weight_bytes),
+            MIB(workspace_bytes(e)), e->n_blocks,
             MIB((double)e->n_blocks * block_bytes), MIB(frac * (double)total), e->graphs_on ? 1 : 0);
     *n_blocks = e->n_blocks;
     *out = e;
@@ -536,6 +701,8 @@ static void cuda_destroy(void *impl)
 }
 
 static size_t cuda_weight_bytes(void *impl) { return ((cuda_engine *)impl)->weight_bytes; }
+
+static void cuda_quant_stats(void *impl, dol_quant_stats *out) { *out = ((cuda_engine *)impl)->qs; }
 
 static size_t cuda_kv_bytes_per_token(void *impl)
 {
@@ -582,14 +749,19 @@ static void cuda_copy_block(void *impl, int32_t src, int32_t dst, int rows)
 /* ---- the forward pass ------------------------------------------------------ */
 
 /* out[T][N] = x[T][K] . W[N][K]^T: FP16 inputs, FP32 accumulation and output.
- * Row-major out is column-major out^T = W^T(N x K) . x^T(K x T). */
-static int gemm(cuda_engine *e, float *out, const dol_f16 *x, int T, int K, const dol_f16 *W, int N,
-                char *err, size_t errlen)
+ * FP16 W: row-major out is column-major out^T = W^T(N x K) . x^T(K x T).
+ * NF4 W: kernels/nf4.cu (decode kernel for a few rows, dequantized tiles and
+ * cuBLAS for more). */
+static int linear(cuda_engine *e, float *out, const dol_f16 *x, int T, const cu_linear *w,
+                  char *err, size_t errlen)
 {
+    if (!w->f16)
+        return dol_cuda_nf4_matmul(e->blas, out, x, T, &w->nf4, e->nf4_ws, e->nf4_ws_elems,
+                                   e->stream, err, errlen);
     const float alpha = 1.0f, beta = 0.0f;
-    CUBLAS_CHECK(cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, W, CUDA_R_16F, K,
-                              x, CUDA_R_16F, K, &beta, out, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                              CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, w->N, T, w->K, &alpha, w->f16,
+                              CUDA_R_16F, w->K, x, CUDA_R_16F, w->K, &beta, out, CUDA_R_32F, w->N,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
 }
 
@@ -612,7 +784,7 @@ static int enqueue_step(cuda_engine *e, int T, int n_dec, int n_tiles, int R, ch
         /* attention block (the previous layer's MLP output joins the residual here) */
         CUDA_CHECK(dol_cuda_rmsnorm_residual(e->xn, e->x, l > 0 ? e->dx : NULL, w->attn_norm, NULL, T, d,
                                              c->rms_norm_eps, s));
-        if (gemm(e, e->qkv, e->xn, T, d, w->wqkv, e->qkv_dim, err, errlen)) return -1;
+        if (linear(e, e->qkv, e->xn, T, &w->qkv, err, errlen)) return -1;
         CUDA_CHECK(dol_cuda_rope(e->qkv, e->qkv_dim, pos, T, c->n_heads, c->n_kv_heads, e->hd,
                                  e->rope_cos, e->rope_sin, s));
         CUDA_CHECK(dol_cuda_kv_write(kv, e->qkv, e->qkv_dim, e->q_dim, e->q_dim + e->kv_dim, pos, item, T, s));
@@ -621,19 +793,19 @@ static int enqueue_step(cuda_engine *e, int T, int n_dec, int n_tiles, int R, ch
                                              e->part, e->n_splits, e->split_len, s));
         CUDA_CHECK(dol_cuda_attention_prefill(e->att, e->q_dim, e->qkv, e->qkv_dim, md + e->off_tiles,
                                               n_tiles, c->n_heads, c->n_kv_heads, e->hd, e->scale, kv, s));
-        if (gemm(e, e->dx, e->att, T, e->q_dim, w->wo, d, err, errlen)) return -1;
+        if (linear(e, e->dx, e->att, T, &w->o, err, errlen)) return -1;
         /* MLP block */
         CUDA_CHECK(dol_cuda_rmsnorm_residual(e->xn, e->x, e->dx, w->ffn_norm, NULL, T, d,
                                              c->rms_norm_eps, s));
-        if (gemm(e, e->gu, e->xn, T, d, w->wgu, 2 * f, err, errlen)) return -1;
+        if (linear(e, e->gu, e->xn, T, &w->gu, err, errlen)) return -1;
         CUDA_CHECK(dol_cuda_silu_mul(e->hbuf, e->gu, T, f, s));
-        if (gemm(e, e->dx, e->hbuf, T, f, w->wdown, d, err, errlen)) return -1;
+        if (linear(e, e->dx, e->hbuf, T, &w->down, err, errlen)) return -1;
     }
     if (R > 0) { /* final norm of the rows that want logits, into xn rows 0..R-1 */
         CUDA_CHECK(dol_cuda_rmsnorm_residual(e->xn, e->x, e->dx, e->final_norm, md + e->off_lrow, R, d,
                                              c->rms_norm_eps, s));
         int nr = R < e->logit_chunk ? R : e->logit_chunk;
-        if (gemm(e, e->logits, e->xn, nr, d, e->lm_head, e->V, err, errlen)) return -1;
+        if (linear(e, e->logits, e->xn, nr, &e->lm_head, err, errlen)) return -1;
     }
     return 0;
 }
@@ -733,7 +905,7 @@ static int forward_inner(cuda_engine *e, const dol_forward_args *a, char *err, s
     int item = 0, item_row = 0;
     for (int r0 = 0; r0 < R; r0 += e->logit_chunk) {
         const int nr = R - r0 < e->logit_chunk ? R - r0 : e->logit_chunk;
-        if (r0 > 0 && gemm(e, e->logits, e->xn + (size_t)r0 * e->d, nr, e->d, e->lm_head, V, err, errlen))
+        if (r0 > 0 && linear(e, e->logits, e->xn + (size_t)r0 * e->d, nr, &e->lm_head, err, errlen))
             return -1;
         CUDA_CHECK(cudaMemcpyAsync(e->logits_h, e->logits, sizeof(float) * (size_t)nr * V,
                                    cudaMemcpyDeviceToHost, e->stream));
@@ -770,6 +942,7 @@ const dol_backend_ops dol_cuda_backend = {
     .forward = cuda_forward,
     .copy_block = cuda_copy_block,
     .weight_bytes = cuda_weight_bytes,
+    .quant_stats = cuda_quant_stats,
     .kv_bytes_per_token = cuda_kv_bytes_per_token,
     .memory_info = cuda_memory_info,
 };
