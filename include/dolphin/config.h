@@ -32,6 +32,15 @@ typedef struct {
     int max_connections;         /* default 512; more wait to be accepted */
     int max_connections_per_ip;  /* default 0 = no per-address limit */
     int connection_timeout_s;    /* default 75; idle connections closed; 0 = never */
+    /* request limits (docs/robustness.md); each refusal is a 400 naming
+     * the field and the limit */
+    int max_json_depth;          /* default 64 nested objects/arrays (<= 1000) */
+    int max_prompt_tokens;       /* default 0 = the context length */
+    int max_tokens_cap;          /* default 0 = none beyond the context */
+    int max_n;                   /* default 16 choices per prompt */
+    int max_stop;                /* default 4 stop strings (<= DOL_MAX_STOP) */
+    int max_stop_len;            /* default 512 bytes per stop string */
+    int max_logit_bias;          /* default 300 entries (<= DOL_MAX_LOGIT_BIAS) */
     char model[1024];            /* model directory; default "" (required) */
     char served_model_name[256]; /* model id in the API; "" = dir basename */
     int threads;                 /* compute threads; 0 = all online cores */

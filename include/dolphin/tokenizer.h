@@ -53,6 +53,32 @@ bool dol_tokenizer_is_control(const dol_tokenizer *tok, int32_t id);
  * single byte written in hex in its piece. False when out of range. */
 bool dol_tokenizer_is_byte(const dol_tokenizer *tok, int32_t id);
 
+/* The most text one token of an encoding can stand for, in "weight": bytes
+ * of UTF-8 text, except that U+2581 ("▁", which sentencepiece writes for a
+ * space) counts as 1, like the space it stands for. It is the largest
+ * weight of a piece that encoding can produce: byte-fallback pieces
+ * ("<0x41>") count 1, control pieces none, the unknown piece one character
+ * (4) where it covers one. Every token of dol_tokenizer_encode's output
+ * then covers at most this much of the text, so the text's weight divided
+ * by it is a lower bound on the number of tokens (see
+ * dol_tokenizer_min_tokens). 0 when the model admits no such bound: its
+ * normalizer rewrites text (NFKC and the like can shrink it), or the
+ * unknown piece can cover a run of characters (unigram or word models
+ * without byte fallback). Computed once, when the tokenizer is loaded. */
+int dol_tokenizer_max_piece_bytes(const dol_tokenizer *tok);
+
+/* A lower bound on the number of ids dol_tokenizer_encode(text, len,
+ * add_bos = false) returns, computed in one pass over the bytes without
+ * encoding: ceil(weight / dol_tokenizer_max_piece_bytes), where weight
+ * counts every byte but U+2581 as 1 each (U+2581 as 1 in all) and leaves
+ * out ASCII spaces and U+2581 when the model removes extra whitespace (they
+ * may all vanish); or, when larger, the same bound counted in characters (the
+ * text's characters over the most characters in a piece: 16 against 27
+ * bytes for Llama-2, which makes it the tighter one for ASCII text). 0 when
+ * max_piece_bytes is 0 (no bound known). Lets a server refuse a prompt that
+ * can never fit in the context without spending the time to encode it. */
+size_t dol_tokenizer_min_tokens(const dol_tokenizer *tok, const char *text, size_t len);
+
 /* Incremental detokenizer: turns generated ids into text chunks whose
  * concatenation equals decode(prompt + generated) - decode(prompt), each chunk
  * holding whole UTF-8 characters only (bytes of a character spread over

@@ -45,9 +45,18 @@ char *dol_api_error_json(const dol_api_error *e);
 bool dol_api_utf8_valid(const char *s, size_t n);
 
 /* Parse a request body that must be one JSON object: non-empty, valid UTF-8,
- * no NUL bytes or \u0000 escapes, nothing after the value. Returns the
- * object (caller frees with cJSON_Delete) or NULL with a 400 in e. */
-cJSON *dol_api_parse_object(const char *body, size_t len, dol_api_error *e);
+ * no NUL bytes or \u0000 escapes, objects and arrays nested at most
+ * max_depth deep (the body's object is depth 1; checked on the raw bytes
+ * before parsing; 0 = only cJSON's own limit, CJSON_NESTING_LIMIT), nothing
+ * after the value. Returns the object (caller frees with cJSON_Delete) or
+ * NULL with a 400 in e. */
+cJSON *dol_api_parse_object(const char *body, size_t len, int max_depth,
+                            dol_api_error *e);
+/* Deepest nesting of objects and arrays in a JSON text, counted on the raw
+ * bytes (brackets inside strings, escaped quotes included, do not count);
+ * stops counting once it passes `stop` (returns stop + 1). Meaningful for
+ * valid JSON; for invalid JSON it is whatever the brackets say. */
+int dol_api_json_depth(const char *s, size_t n, int stop);
 
 /* True when a Content-Type header value names application/json (parameters
  * such as "; charset=utf-8" are allowed; NULL = absent = accepted). */
@@ -56,7 +65,9 @@ bool dol_api_content_type_is_json(const char *ct);
 /* ---- POST /v1/completions ---------------------------------------------- */
 
 #define DOL_API_MAX_PROMPTS 64   /* prompts in one request */
-#define DOL_API_MAX_N 16         /* choices per prompt */
+#define DOL_API_MAX_N 16         /* choices per prompt (default of max_n) */
+#define DOL_API_MAX_STOP_LEN 512 /* bytes per stop string (default of max_stop_len) */
+#define DOL_API_JSON_DEPTH 64    /* nesting of a request body (max_json_depth) */
 
 /* One prompt as the client sent it: text, or token ids taken as given. */
 typedef struct {
@@ -66,7 +77,10 @@ typedef struct {
     int n_ids;
 } dol_api_prompt;
 
-/* What validation needs to know about the served model and the defaults. */
+/* What validation needs to know about the served model, the defaults and
+ * the configured limits (dol_config's max_* settings). A limit left 0 takes
+ * its built-in default; max_stop and max_logit_bias are also capped at the
+ * sizes of the arrays that hold them (DOL_MAX_STOP, DOL_MAX_LOGIT_BIAS). */
 typedef struct {
     int vocab_size;          /* token ids must be in [0, vocab_size) */
     int context_len;         /* prompt + max_tokens limit */
@@ -74,6 +88,12 @@ typedef struct {
     float default_temperature;
     float default_top_p;
     int default_top_k;
+    int max_prompt_tokens;   /* tokens in one prompt; 0 = context_len */
+    int max_tokens_cap;      /* largest max_tokens; 0 = only the context */
+    int max_n;               /* choices per prompt; 0 = DOL_API_MAX_N */
+    int max_stop;            /* stop strings; 0 = DOL_MAX_STOP */
+    int max_stop_len;        /* bytes per stop string; 0 = DOL_API_MAX_STOP_LEN */
+    int max_logit_bias;      /* logit_bias entries; 0 = DOL_MAX_LOGIT_BIAS */
 } dol_api_limits;
 
 /* ---- POST /v1/chat/completions: messages and the Llama-2 chat format ---- */
@@ -112,6 +132,11 @@ void dol_api_messages_free(dol_chat_message *m, int n);
  * like a special token stays literal text. *ids is malloc'd. */
 int dol_api_chat_prompt_ids(const dol_tokenizer *tok, const dol_chat_message *m,
                             int n, int32_t **ids, int *n_ids, dol_api_error *e);
+/* A lower bound on the n_ids dol_api_chat_prompt_ids would return, without
+ * encoding: the same turns, each bounded by dol_tokenizer_min_tokens, plus
+ * their BOS/EOS ids. Checks the role order the same way (400). */
+int dol_api_chat_min_tokens(const dol_tokenizer *tok, const dol_chat_message *m,
+                            int n, int64_t *min_ids, dol_api_error *e);
 
 /* A validated /v1/completions or /v1/chat/completions request. */
 typedef struct {
@@ -123,7 +148,7 @@ typedef struct {
     int n_messages;
     int64_t max_tokens;      /* >= 0 */
     bool max_tokens_given;
-    int n;                   /* choices per prompt, 1..DOL_API_MAX_N */
+    int n;                   /* choices per prompt, 1..max_n */
     dol_sampling_params sampling;
     bool has_seed;
     uint64_t seed;
@@ -156,6 +181,22 @@ void dol_api_completion_params_free(dol_completion_params *p);
 /* 400 context_length_exceeded when n_prompt + max_tokens > context_len. */
 int dol_api_check_context(int n_prompt, int64_t max_tokens, int context_len,
                           dol_api_error *e);
+/* 400 context_length_exceeded naming `param` ("prompt" or "messages") and
+ * max_prompt_tokens when lim->max_prompt_tokens is set below the context and
+ * the prompt has more tokens than it (at the context, dol_api_check_context
+ * is the check). */
+int dol_api_check_prompt_tokens(int64_t n_prompt, const dol_api_limits *lim,
+                                const char *param, dol_api_error *e);
+/* The prompt's share of those checks before tokenizing, from a lower bound
+ * on its tokens (dol_tokenizer_min_tokens, plus BOS): 400
+ * context_length_exceeded naming `param` when even min_prompt tokens are
+ * over max_prompt_tokens, or leave no room in the context (none needed when
+ * max_tokens is 0, one otherwise). Lets the server refuse a prompt that can
+ * never fit without spending seconds encoding it; a prompt that passes is
+ * short enough to encode quickly, and the exact checks follow. */
+int dol_api_check_prompt_bound(int64_t min_prompt, int64_t max_tokens,
+                               const dol_api_limits *lim, const char *param,
+                               dol_api_error *e);
 
 /* ---- responses --------------------------------------------------------- */
 

@@ -250,11 +250,11 @@ static int add_turn(const dol_tokenizer *tok, id_list *out, const str_buf *text,
     return rc ? oom(e) : 0;
 }
 
-int dol_api_chat_prompt_ids(const dol_tokenizer *tok, const dol_chat_message *m,
-                            int n, int32_t **ids, int *n_ids, dol_api_error *e)
+/* The role order: after an optional leading system message, user,
+ * assistant, ..., user. Returns the index of the first user message, or -1
+ * with a 400 naming "messages". */
+static int check_roles(const dol_chat_message *m, int n, dol_api_error *e)
 {
-    *ids = NULL;
-    *n_ids = 0;
     int first = n > 0 && m[0].role == DOL_CHAT_SYSTEM ? 1 : 0;
     /* Roles after the optional system message: user, assistant, user, ...,
      * user. */
@@ -277,28 +277,48 @@ int dol_api_chat_prompt_ids(const dol_tokenizer *tok, const dol_chat_message *m,
             return -1;
         }
     }
+    return first;
+}
+
+/* The text of the turn starting at user message i (first: index of the
+ * first user message) into turn, using user as scratch: "[INST] {user}
+ * [/INST]", followed by " {answer} " unless it is the last turn. -1 on
+ * OOM. */
+static int turn_text(const dol_chat_message *m, int n, int first, int i, str_buf *user,
+                     str_buf *turn)
+{
+    /* The user's content, with the system prompt merged into the first. */
+    user->n = 0;
+    if (i == first && first == 1) {
+        if (str_add(user, "<<SYS>>\n", 8) || str_add(user, m[0].content, m[0].len) ||
+            str_add(user, "\n<</SYS>>\n\n", 11))
+            return -1;
+    }
+    if (str_add(user, m[i].content, m[i].len)) return -1;
+    turn->n = 0;
+    if (str_add(turn, "[INST] ", 7) || str_add_stripped(turn, user->s, user->n) ||
+        str_add(turn, " [/INST]", 8))
+        return -1;
+    if (i != n - 1 && (str_add(turn, " ", 1) ||
+                       str_add_stripped(turn, m[i + 1].content, m[i + 1].len) ||
+                       str_add(turn, " ", 1)))
+        return -1;
+    return 0;
+}
+
+int dol_api_chat_prompt_ids(const dol_tokenizer *tok, const dol_chat_message *m,
+                            int n, int32_t **ids, int *n_ids, dol_api_error *e)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    int first = check_roles(m, n, e);
+    if (first < 0) return -1;
     id_list out = {0};
     str_buf user = {0}, turn = {0};
     int rc = -1;
     for (int i = first; i < n; i += 2) {
-        /* The user's content, with the system prompt merged into the first. */
-        user.n = 0;
-        if (i == first && first == 1) {
-            if (str_add(&user, "<<SYS>>\n", 8) || str_add(&user, m[0].content, m[0].len) ||
-                str_add(&user, "\n<</SYS>>\n\n", 11))
-                goto oom;
-        }
-        if (str_add(&user, m[i].content, m[i].len)) goto oom;
-        turn.n = 0;
-        if (str_add(&turn, "[INST] ", 7) || str_add_stripped(&turn, user.s, user.n) ||
-            str_add(&turn, " [/INST]", 8))
-            goto oom;
-        bool last = i == n - 1;
-        if (!last && (str_add(&turn, " ", 1) ||
-                      str_add_stripped(&turn, m[i + 1].content, m[i + 1].len) ||
-                      str_add(&turn, " ", 1)))
-            goto oom;
-        if (add_turn(tok, &out, &turn, !last, e)) goto done;
+        if (turn_text(m, n, first, i, &user, &turn)) goto oom;
+        if (add_turn(tok, &out, &turn, i != n - 1, e)) goto done;
     }
     *ids = out.ids;
     *n_ids = out.n;
@@ -311,5 +331,29 @@ done:
     free(out.ids);
     free(user.s);
     free(turn.s);
+    return rc;
+}
+
+int dol_api_chat_min_tokens(const dol_tokenizer *tok, const dol_chat_message *m,
+                            int n, int64_t *min_ids, dol_api_error *e)
+{
+    *min_ids = 0;
+    int first = check_roles(m, n, e);
+    if (first < 0) return -1;
+    int32_t bos = dol_tokenizer_bos_id(tok), eos_id = dol_tokenizer_eos_id(tok);
+    str_buf user = {0}, turn = {0};
+    int64_t total = 0;
+    int rc = 0;
+    for (int i = first; i < n; i += 2) {
+        if (turn_text(m, n, first, i, &user, &turn)) {
+            rc = oom(e);
+            break;
+        }
+        total += (bos >= 0) + (int64_t)dol_tokenizer_min_tokens(tok, turn.s, turn.n) +
+                 (i != n - 1 && eos_id >= 0);
+    }
+    free(user.s);
+    free(turn.s);
+    if (rc == 0) *min_ids = total;
     return rc;
 }

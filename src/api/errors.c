@@ -99,19 +99,59 @@ bool dol_api_utf8_valid(const char *s, size_t n)
     return true;
 }
 
-/* A "\u0000" escape outside of an escaped backslash: cJSON would cut the
- * string there silently, so such bodies are refused. */
-static bool has_nul_escape(const char *s, size_t n)
+static bool is_hex(char c)
 {
-    for (size_t i = 0; i + 6 <= n; i++) {
-        if (s[i] != '\\') continue;
-        if (s[i + 1] == 'u' && memcmp(s + i + 2, "0000", 4) == 0) return true;
-        i++;  /* skip the escaped character (handles "\\\\u0000") */
-    }
-    return false;
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
-cJSON *dol_api_parse_object(const char *body, size_t len, dol_api_error *e)
+/* \u escapes cJSON would turn into a NUL and cut the string there silently:
+ * "\u0000" (1), and one whose four characters are not all hex digits (2;
+ * cJSON reads those as 0 too, found by fuzz_request). 0 when there is none.
+ * An escaped backslash is skipped, so "\\\\u0000" is fine. */
+static int bad_u_escape(const char *s, size_t n)
+{
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (s[i] != '\\') continue;
+        if (s[i + 1] != 'u') {
+            i++;  /* skip the escaped character */
+            continue;
+        }
+        if (i + 6 > n || !is_hex(s[i + 2]) || !is_hex(s[i + 3]) || !is_hex(s[i + 4]) ||
+            !is_hex(s[i + 5]))
+            return 2;
+        if (memcmp(s + i + 2, "0000", 4) == 0) return 1;
+        i += 5;
+    }
+    return 0;
+}
+
+int dol_api_json_depth(const char *s, size_t n, int stop)
+{
+    int depth = 0, deepest = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (in_string) {
+            if (c == '\\') i++;          /* skip the escaped character */
+            else if (c == '"') in_string = false;
+            continue;
+        }
+        if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            if (++depth > deepest) {
+                deepest = depth;
+                if (deepest > stop) return stop + 1;
+            }
+        } else if (c == '}' || c == ']') {
+            if (depth > 0) depth--;
+        }
+    }
+    return deepest;
+}
+
+cJSON *dol_api_parse_object(const char *body, size_t len, int max_depth,
+                            dol_api_error *e)
 {
     if (!body || len == 0) {
         dol_api_error_invalid(e, NULL, "The request body is empty; expected a JSON object.");
@@ -125,8 +165,23 @@ cJSON *dol_api_parse_object(const char *body, size_t len, dol_api_error *e)
         dol_api_error_invalid(e, NULL, "The request body contains a NUL byte.");
         return NULL;
     }
-    if (has_nul_escape(body, len)) {
+    switch (bad_u_escape(body, len)) {
+    case 1:
         dol_api_error_invalid(e, NULL, "Strings in the request body must not contain \\u0000.");
+        return NULL;
+    case 2:
+        dol_api_error_invalid(e, NULL, "The request body has a \\u escape that is not followed "
+                              "by four hexadecimal digits.");
+        return NULL;
+    default:
+        break;
+    }
+    /* Nesting is checked before cJSON recurses into it (cJSON itself stops
+     * at CJSON_NESTING_LIMIT, 1000, with a plain parse error). */
+    if (max_depth > 0 && dol_api_json_depth(body, len, max_depth) > max_depth) {
+        dol_api_error_invalid(e, NULL, "The request body nests objects and arrays more than "
+                              "%d levels deep; at most %d are allowed (max_json_depth).",
+                              max_depth, max_depth);
         return NULL;
     }
     /* The caller's buffer is NUL-terminated at body[len]; passing len + 1

@@ -75,6 +75,47 @@ static int oom(dol_api_error *e)
     return -1;
 }
 
+/* ---- configured limits ------------------------------------------------- */
+
+/* A limit of lim: its value, the built-in default when 0, never above hard
+ * (the size of the array that holds the values; 0 = none). */
+static int limit_of(int v, int def, int hard)
+{
+    int x = v > 0 ? v : def;
+    return hard > 0 && x > hard ? hard : x;
+}
+
+static int max_n_of(const dol_api_limits *lim)
+{
+    return limit_of(lim->max_n, DOL_API_MAX_N, 0);
+}
+
+static int max_stop_of(const dol_api_limits *lim)
+{
+    return limit_of(lim->max_stop, DOL_MAX_STOP, DOL_MAX_STOP);
+}
+
+static int max_stop_len_of(const dol_api_limits *lim)
+{
+    return limit_of(lim->max_stop_len, DOL_API_MAX_STOP_LEN, 0);
+}
+
+static int max_logit_bias_of(const dol_api_limits *lim)
+{
+    return limit_of(lim->max_logit_bias, DOL_MAX_LOGIT_BIAS, DOL_MAX_LOGIT_BIAS);
+}
+
+/* max_tokens (or max_completion_tokens) against max_tokens_cap. */
+static int check_cap(int64_t x, const char *name, const dol_api_limits *lim,
+                     dol_api_error *e)
+{
+    if (lim->max_tokens_cap <= 0 || x <= lim->max_tokens_cap) return 0;
+    dol_api_error_invalid(e, name, "'%s' is %lld; this server generates at most %d tokens "
+                          "per choice (max_tokens_cap).", name, (long long)x,
+                          lim->max_tokens_cap);
+    return -1;
+}
+
 /* ---- prompt ------------------------------------------------------------ */
 
 static bool is_int_array(const cJSON *a)
@@ -192,9 +233,9 @@ static int f_model(const cJSON *v, const dol_api_limits *lim,
 static int f_max_tokens(const cJSON *v, const dol_api_limits *lim,
                         dol_completion_params *p, dol_api_error *e)
 {
-    (void)lim;
     int64_t x;
     if (get_int(v, "max_tokens", 0, (int64_t)1 << 53, &x, e)) return -1;
+    if (check_cap(x, "max_tokens", lim, e)) return -1;
     p->max_tokens = x;
     p->max_tokens_given = true;
     return 0;
@@ -263,12 +304,12 @@ static int f_logit_bias(const cJSON *v, const dol_api_limits *lim,
         dol_api_error_invalid(e, "logit_bias", "'logit_bias' must be an object mapping token ids to numbers.");
         return -1;
     }
-    int n = 0;
+    int n = 0, most = max_logit_bias_of(lim);
     const cJSON *x;
     cJSON_ArrayForEach(x, v) {
-        if (n >= DOL_MAX_LOGIT_BIAS) {
-            dol_api_error_invalid(e, "logit_bias", "'logit_bias' may hold at most %d entries.",
-                                  DOL_MAX_LOGIT_BIAS);
+        if (n >= most) {
+            dol_api_error_invalid(e, "logit_bias", "'logit_bias' holds %d entries; at most %d "
+                                  "are allowed (max_logit_bias).", cJSON_GetArraySize(v), most);
             return -1;
         }
         const char *k = x->string;
@@ -294,12 +335,25 @@ static int f_logit_bias(const cJSON *v, const dol_api_limits *lim,
     return 0;
 }
 
+/* n and best_of: 1..max_n. */
+static int get_choices(const cJSON *v, const char *name, const dol_api_limits *lim,
+                       int64_t *x, dol_api_error *e)
+{
+    if (get_int(v, name, 1, (int64_t)1 << 53, x, e)) return -1;
+    int most = max_n_of(lim);
+    if (*x > most) {
+        dol_api_error_invalid(e, name, "'%s' is %lld; at most %d choices per prompt are "
+                              "allowed (max_n).", name, (long long)*x, most);
+        return -1;
+    }
+    return 0;
+}
+
 static int f_n(const cJSON *v, const dol_api_limits *lim,
                dol_completion_params *p, dol_api_error *e)
 {
-    (void)lim;
     int64_t x;
-    if (get_int(v, "n", 1, DOL_API_MAX_N, &x, e)) return -1;
+    if (get_choices(v, "n", lim, &x, e)) return -1;
     p->n = (int)x;
     return 0;
 }
@@ -307,18 +361,30 @@ static int f_n(const cJSON *v, const dol_api_limits *lim,
 static int f_best_of(const cJSON *v, const dol_api_limits *lim,
                      dol_completion_params *p, dol_api_error *e)
 {
-    (void)lim; (void)p;
+    (void)p;
     int64_t x;
-    if (get_int(v, "best_of", 1, DOL_API_MAX_N, &x, e)) return -1;
     /* Checked against n once n is known (see cross_checks). */
-    return 0;
+    return get_choices(v, "best_of", lim, &x, e);
 }
 
-static int add_stop(const cJSON *s, dol_completion_params *p, dol_api_error *e)
+static int add_stop(const cJSON *s, const dol_api_limits *lim, dol_completion_params *p,
+                    dol_api_error *e)
 {
     if (!cJSON_IsString(s) || s->valuestring[0] == '\0') {
         dol_api_error_invalid(e, "stop", "'stop' must be a non-empty string or an array of up "
-                              "to %d non-empty strings.", DOL_MAX_STOP);
+                              "to %d non-empty strings.", max_stop_of(lim));
+        return -1;
+    }
+    size_t len = strlen(s->valuestring);
+    int most = max_stop_len_of(lim);
+    if (len > (size_t)most) {
+        dol_api_error_invalid(e, "stop", "'stop' string %d is %zu bytes long; at most %d "
+                              "bytes are allowed (max_stop_len).", p->n_stop, len, most);
+        return -1;
+    }
+    if (p->n_stop >= max_stop_of(lim)) {   /* never past the array */
+        dol_api_error_invalid(e, "stop", "'stop' may hold at most %d strings (max_stop).",
+                              max_stop_of(lim));
         return -1;
     }
     p->stop[p->n_stop] = strdup(s->valuestring);
@@ -330,14 +396,15 @@ static int add_stop(const cJSON *s, dol_completion_params *p, dol_api_error *e)
 static int f_stop(const cJSON *v, const dol_api_limits *lim,
                   dol_completion_params *p, dol_api_error *e)
 {
-    (void)lim;
-    if (!cJSON_IsArray(v)) return add_stop(v, p, e);
-    if (cJSON_GetArraySize(v) > DOL_MAX_STOP) {
-        dol_api_error_invalid(e, "stop", "'stop' may hold at most %d strings.", DOL_MAX_STOP);
+    if (!cJSON_IsArray(v)) return add_stop(v, lim, p, e);
+    int n = cJSON_GetArraySize(v), most = max_stop_of(lim);
+    if (n > most) {
+        dol_api_error_invalid(e, "stop", "'stop' holds %d strings; at most %d are allowed "
+                              "(max_stop).", n, most);
         return -1;
     }
     const cJSON *x;
-    cJSON_ArrayForEach(x, v) if (add_stop(x, p, e)) return -1;
+    cJSON_ArrayForEach(x, v) if (add_stop(x, lim, p, e)) return -1;
     return 0;
 }
 
@@ -453,9 +520,9 @@ static int f_messages(const cJSON *v, const dol_api_limits *lim,
 static int f_max_completion_tokens(const cJSON *v, const dol_api_limits *lim,
                                    dol_completion_params *p, dol_api_error *e)
 {
-    (void)lim;
     int64_t x;
     if (get_int(v, "max_completion_tokens", 1, (int64_t)1 << 53, &x, e)) return -1;
+    if (check_cap(x, "max_completion_tokens", lim, e)) return -1;
     p->max_tokens = x;   /* wins over the older max_tokens */
     p->max_tokens_given = true;
     return 0;
@@ -622,6 +689,8 @@ static void defaults(dol_completion_params *p, const dol_api_limits *lim)
     p->sampling.top_p = lim->default_top_p;
     p->sampling.top_k = lim->default_top_k > 0 ? lim->default_top_k : 0;
     p->max_tokens = lim->default_max_tokens;
+    if (lim->max_tokens_cap > 0 && p->max_tokens > lim->max_tokens_cap)
+        p->max_tokens = lim->max_tokens_cap;
     p->n = 1;
     p->logprobs = -1;
 }
@@ -728,5 +797,51 @@ int dol_api_check_context(int n_prompt, int64_t max_tokens, int context_len,
                       "Please reduce the length of the prompt or max_tokens.",
                       context_len, (long long)(n_prompt + max_tokens), n_prompt,
                       (long long)max_tokens);
+    return -1;
+}
+
+/* The prompt-token limit in force below the context, or 0 when the context
+ * itself is the limit. */
+static int prompt_limit(const dol_api_limits *lim)
+{
+    int m = lim->max_prompt_tokens;
+    return m > 0 && m < lim->context_len ? m : 0;
+}
+
+int dol_api_check_prompt_tokens(int64_t n_prompt, const dol_api_limits *lim,
+                                const char *param, dol_api_error *e)
+{
+    int m = prompt_limit(lim);
+    if (m == 0 || n_prompt <= m) return 0;
+    dol_api_error_set(e, 400, "invalid_request_error", param, "context_length_exceeded",
+                      "The %s is %lld tokens long; this server accepts at most %d prompt "
+                      "tokens (max_prompt_tokens). Please reduce the length of the %s.",
+                      param, (long long)n_prompt, m, param);
+    return -1;
+}
+
+int dol_api_check_prompt_bound(int64_t min_prompt, int64_t max_tokens,
+                               const dol_api_limits *lim, const char *param,
+                               dol_api_error *e)
+{
+    int m = prompt_limit(lim);
+    if (m > 0 && min_prompt > m) {
+        dol_api_error_set(e, 400, "invalid_request_error", param, "context_length_exceeded",
+                          "The %s is at least %lld tokens long (judged from its length, "
+                          "without tokenizing it); this server accepts at most %d prompt "
+                          "tokens (max_prompt_tokens). Please reduce the length of the %s.",
+                          param, (long long)min_prompt, m, param);
+        return -1;
+    }
+    /* Only the prompt itself: when it fits, encoding it is cheap enough,
+     * and the checks after encoding give the exact figures. */
+    int64_t need = max_tokens > 0 ? 1 : 0;
+    if (min_prompt + need <= (int64_t)lim->context_len) return 0;
+    dol_api_error_set(e, 400, "invalid_request_error", param, "context_length_exceeded",
+                      "This model's maximum context length is %d tokens. However, the %s "
+                      "alone is at least %lld tokens long (judged from its length, without "
+                      "tokenizing it), which leaves no room for the completion. Please "
+                      "reduce the length of the %s.",
+                      lim->context_len, param, (long long)min_prompt, param);
     return -1;
 }

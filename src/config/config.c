@@ -70,6 +70,28 @@ static const field FIELDS[] = {
       .max = 86400, .def = "75", .metavar = "S",
       .help = "close a connection after this long without traffic (a request waiting "
               "for its model output is exempt); 0 = never" },
+    /* request limits; max_stop and max_logit_bias stay within the arrays
+     * that hold them (DOL_MAX_STOP = 4, DOL_MAX_LOGIT_BIAS = 300) */
+    { .name = "max_json_depth", .type = F_INT, AT(max_json_depth), .min = 1, .max = 1000,
+      .def = "64", .metavar = "N",
+      .help = "deepest nesting of objects and arrays in a request body; deeper: 400",
+      .group = "Request limits (a request beyond one gets 400 naming the field)" },
+    { .name = "max_prompt_tokens", .type = F_INT, AT(max_prompt_tokens), .min = 0,
+      .max = NONE, .def = "0", .metavar = "N",
+      .help = "most tokens in one prompt; 0 = the context length" },
+    { .name = "max_tokens_cap", .type = F_INT, AT(max_tokens_cap), .min = 0, .max = NONE,
+      .def = "0", .metavar = "N",
+      .help = "largest max_tokens a request may ask for (also caps the defaults); "
+              "0 = only the context limits it" },
+    { .name = "max_n", .type = F_INT, AT(max_n), .min = 1, .max = 256, .def = "16",
+      .metavar = "N", .help = "most choices per prompt (n); max_batch_size limits it too" },
+    { .name = "max_stop", .type = F_INT, AT(max_stop), .min = 1, .max = 4, .def = "4",
+      .metavar = "N", .help = "most stop strings in one request" },
+    { .name = "max_stop_len", .type = F_INT, AT(max_stop_len), .min = 1, .max = 65536,
+      .bytes = true, .def = "512", .metavar = "SIZE",
+      .help = "longest stop string, in bytes" },
+    { .name = "max_logit_bias", .type = F_INT, AT(max_logit_bias), .min = 1, .max = 300,
+      .def = "300", .metavar = "N", .help = "most logit_bias entries in one request" },
     /* model */
     { .name = "model", .type = F_STR, AT(model), .def = "", .metavar = "DIR",
       .help = "Hugging Face model directory (required; relative to the working directory)",

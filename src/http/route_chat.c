@@ -38,11 +38,20 @@ static int build(dol_http_req *c, const dol_http_attached *a, dol_api_error *e)
     if (rc) goto out;
     rc = -1;
     if (dol_http_gen_prepare(c, a, &p, 1, e)) goto out;
+    /* Refuse messages that can never fit before encoding them (on
+     * libmicrohttpd's thread; see prompt_ids in route_completions.c). */
+    int64_t min_ids = 0;
+    if (dol_api_chat_min_tokens(a->tok, p.messages, p.n_messages, &min_ids, e) ||
+        dol_api_check_prompt_bound(min_ids, p.max_tokens_given ? p.max_tokens : 1, &lim,
+                                   "messages", e))
+        goto out;
     int32_t *ids = NULL;
     int n_ids = 0;
     if (dol_api_chat_prompt_ids(a->tok, p.messages, p.n_messages, &ids, &n_ids, e)) goto out;
     if (!p.max_tokens_given) {
         p.max_tokens = room_left(c, a, n_ids, p.n);
+        if (lim.max_tokens_cap > 0 && p.max_tokens > lim.max_tokens_cap)
+            p.max_tokens = lim.max_tokens_cap;
         if (p.max_tokens < 1) {
             dol_api_error_set(e, 400, "invalid_request_error", "messages",
                               "context_length_exceeded",

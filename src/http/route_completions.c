@@ -495,7 +495,7 @@ cJSON *dol_http_body_json(dol_http_req *c, dol_api_error *e)
                           "Content-Type must be application/json.");
         return NULL;
     }
-    return dol_api_parse_object(c->body, c->body_len, e);
+    return dol_api_parse_object(c->body, c->body_len, c->srv->cfg->max_json_depth, e);
 }
 
 void dol_http_api_limits(const dol_http_req *c, const dol_http_attached *a,
@@ -511,6 +511,12 @@ void dol_http_api_limits(const dol_http_req *c, const dol_http_attached *a,
     lim->default_temperature = cfg->temperature;
     lim->default_top_p = cfg->top_p > 0 ? cfg->top_p : 1.0f;
     lim->default_top_k = cfg->top_k;
+    lim->max_prompt_tokens = cfg->max_prompt_tokens;
+    lim->max_tokens_cap = cfg->max_tokens_cap;
+    lim->max_n = cfg->max_n;
+    lim->max_stop = cfg->max_stop;
+    lim->max_stop_len = cfg->max_stop_len;
+    lim->max_logit_bias = cfg->max_logit_bias;
 }
 
 int dol_http_check_model(const char *model, const dol_http_attached *a, dol_api_error *e)
@@ -569,6 +575,10 @@ int dol_http_gen_add(dol_http_req *c, const dol_http_attached *a,
     c->reqs[index] = r;
     r->prompt_ids = ids;
     r->n_prompt = n_ids;
+    dol_api_limits lim;
+    dol_http_api_limits(c, a, &lim);
+    if (dol_api_check_prompt_tokens(n_ids, &lim, c->chat ? "messages" : "prompt", e))
+        return -1;
     if (dol_api_check_context(n_ids, p->max_tokens, a->context_len, e)) return -1;
     r->max_tokens = (int)p->max_tokens;
     r->n = p->n;
@@ -637,7 +647,12 @@ enum MHD_Result dol_http_gen_submit(dol_http_req *c)
 
 /* ---- POST /v1/completions ------------------------------------------------- */
 
-static int prompt_ids(const dol_http_attached *a, dol_api_prompt *pr, int32_t **ids,
+/* The prompt's ids: token prompts as given, text prompts encoded (with BOS).
+ * Encoding runs on libmicrohttpd's thread and takes seconds for a
+ * megabyte, so a text that can never fit (judged from a lower bound on its
+ * tokens, dol_tokenizer_min_tokens) is refused before it is encoded. */
+static int prompt_ids(const dol_http_attached *a, const dol_api_limits *lim,
+                      const dol_completion_params *p, dol_api_prompt *pr, int32_t **ids,
                       int *n, dol_api_error *e)
 {
     if (!pr->text) {
@@ -646,6 +661,9 @@ static int prompt_ids(const dol_http_attached *a, dol_api_prompt *pr, int32_t **
         pr->ids = NULL;
         return 0;
     }
+    int64_t min = (int64_t)dol_tokenizer_min_tokens(a->tok, pr->text, pr->text_len) +
+                  (dol_tokenizer_bos_id(a->tok) >= 0);
+    if (dol_api_check_prompt_bound(min, p->max_tokens, lim, "prompt", e)) return -1;
     char err[DOL_ERR_LEN];
     size_t cnt = 0;
     if (dol_tokenizer_encode(a->tok, pr->text, pr->text_len, true, ids, &cnt, err, sizeof err)) {
@@ -685,7 +703,7 @@ static int build(dol_http_req *c, const dol_http_attached *a, dol_api_error *e)
     for (int i = 0; i < p.n_prompts; i++) {
         int32_t *ids = NULL;
         int n = 0;
-        if (prompt_ids(a, &p.prompts[i], &ids, &n, e)) goto out;
+        if (prompt_ids(a, &lim, &p, &p.prompts[i], &ids, &n, e)) goto out;
         if (dol_http_gen_add(c, a, &p, i, ids, n, e)) goto out;
         if (p.echo) {
             c->echo_text[i] = echo_of(a, &p.prompts[i], c->reqs[i]->prompt_ids, n);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "dolphin/config.h"
+#include "dolphin/scheduler.h"
 #include "fuzz_util.h"
 
 #define MAX_ARGS 64
@@ -39,6 +40,12 @@ static void check_config(const dol_config *c)
     FUZZ_CHECK(terminated(c->log_level, sizeof c->log_level));
     FUZZ_CHECK(c->port >= 0 && c->port <= 65535);
     FUZZ_CHECK(c->max_body_bytes >= 1024);
+    FUZZ_CHECK(c->max_json_depth >= 1 && c->max_json_depth <= 1000);
+    FUZZ_CHECK(c->max_prompt_tokens >= 0 && c->max_tokens_cap >= 0);
+    FUZZ_CHECK(c->max_n >= 1 && c->max_n <= 256);
+    FUZZ_CHECK(c->max_stop >= 1 && c->max_stop <= DOL_MAX_STOP);
+    FUZZ_CHECK(c->max_stop_len >= 1 && c->max_stop_len <= 65536);
+    FUZZ_CHECK(c->max_logit_bias >= 1 && c->max_logit_bias <= DOL_MAX_LOGIT_BIAS);
     FUZZ_CHECK(c->threads >= 0 && c->threads <= 1024);
     FUZZ_CHECK(c->context_len >= 0);
     FUZZ_CHECK(c->temperature >= 0 && c->temperature <= 2);

@@ -1,13 +1,17 @@
 /* tests/fuzz/fuzz_request.c — libFuzzer target for the request parsers and
  * validators of src/api/api.h: the input is a request body exactly as it
- * arrives off the wire. It goes through dol_api_parse_object, then through
+ * arrives off the wire. It goes through dol_api_parse_object (with a
+ * lowered max_json_depth), then through
  * every body parser as the routes call them — /v1/completions
  * (dol_api_parse_completion, dol_api_check_context), /v1/chat/completions
  * (dol_api_parse_chat and, with the stories260K tokenizer when
  * $DOLPHIN_SHARED has it, dol_api_chat_prompt_ids), /tokenize and
  * /detokenize — and every outcome is checked: an accepted request satisfies
- * every documented limit, a refused one carries a 4xx OpenAI-shaped error
- * that renders as JSON (500 is never an answer to user input). */
+ * every documented limit (the configurable ones set below their defaults
+ * here, so that both sides of each are reached), a refused one carries a
+ * 4xx OpenAI-shaped error that renders as JSON (500 is never an answer to
+ * user input), and the token-count lower bound that lets the routes refuse
+ * a prompt before encoding it never exceeds the real count. */
 #include <math.h>
 #include <string.h>
 
@@ -34,7 +38,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* Limits of a small served model (stories260K's vocabulary and context). */
+/* Limits of a small served model (stories260K's vocabulary and context),
+ * with the configurable ones lowered. */
+#define FUZZ_JSON_DEPTH 16
 static const dol_api_limits LIMITS = {
     .vocab_size = 512,
     .context_len = 512,
@@ -42,7 +48,24 @@ static const dol_api_limits LIMITS = {
     .default_temperature = 1.0f,
     .default_top_p = 1.0f,
     .default_top_k = 0,
+    .max_prompt_tokens = 300,
+    .max_tokens_cap = 256,
+    .max_n = 4,
+    .max_stop = 3,
+    .max_stop_len = 32,
+    .max_logit_bias = 20,
 };
+
+/* Nesting depth of a parsed value (an object or array counts 1). */
+static int tree_depth(const cJSON *v)
+{
+    int deepest = 0;
+    for (const cJSON *c = v->child; c; c = c->next) {
+        int d = tree_depth(c);
+        if (d > deepest) deepest = d;
+    }
+    return (cJSON_IsObject(v) || cJSON_IsArray(v)) ? deepest + 1 : 0;
+}
 
 static void check_error(const dol_api_error *e)
 {
@@ -92,10 +115,12 @@ static void check_params(const dol_completion_params *p)
                 FUZZ_CHECK(pr->ids[k] >= 0 && pr->ids[k] < LIMITS.vocab_size);
         }
     }
-    FUZZ_CHECK(p->max_tokens >= 0);
-    FUZZ_CHECK(p->n >= 1 && p->n <= DOL_API_MAX_N);
-    FUZZ_CHECK(p->n_stop >= 0 && p->n_stop <= DOL_MAX_STOP);
-    for (int i = 0; i < p->n_stop; i++) FUZZ_CHECK(p->stop[i] && p->stop[i][0]);
+    FUZZ_CHECK(p->max_tokens >= 0 && p->max_tokens <= LIMITS.max_tokens_cap);
+    FUZZ_CHECK(p->n >= 1 && p->n <= LIMITS.max_n);
+    FUZZ_CHECK(p->n_stop >= 0 && p->n_stop <= LIMITS.max_stop);
+    for (int i = 0; i < p->n_stop; i++)
+        FUZZ_CHECK(p->stop[i] && p->stop[i][0] &&
+                   strlen(p->stop[i]) <= (size_t)LIMITS.max_stop_len);
     FUZZ_CHECK(p->logprobs >= -1 && p->logprobs <= DOL_MAX_LOGPROBS);
     FUZZ_CHECK(!p->include_usage || p->stream);
 
@@ -107,23 +132,49 @@ static void check_params(const dol_completion_params *p)
     FUZZ_CHECK(in(s->presence_penalty, -2, 2));
     FUZZ_CHECK(in(s->frequency_penalty, -2, 2));
     FUZZ_CHECK(s->repetition_penalty > 0 && s->repetition_penalty <= 10);
-    FUZZ_CHECK(s->n_logit_bias >= 0 && s->n_logit_bias <= DOL_MAX_LOGIT_BIAS);
+    FUZZ_CHECK(s->n_logit_bias >= 0 && s->n_logit_bias <= LIMITS.max_logit_bias);
     for (int i = 0; i < s->n_logit_bias; i++) {
         FUZZ_CHECK(s->logit_bias_ids[i] >= 0 && s->logit_bias_ids[i] < LIMITS.vocab_size);
         FUZZ_CHECK(isfinite(s->logit_bias_vals[i]) && in(s->logit_bias_vals[i], -100, 100));
     }
 }
 
-/* Context check as the route does it after tokenizing. */
-static void check_context(int n_prompt, int64_t max_tokens)
+/* Prompt-length and context checks as the route does them after
+ * tokenizing; false when the request is refused. */
+static bool check_context(int n_prompt, int64_t max_tokens, const char *param)
 {
     dol_api_error e;
     memset(&e, 0, sizeof e);
+    if (dol_api_check_prompt_tokens(n_prompt, &LIMITS, param, &e) != 0) {
+        FUZZ_CHECK(n_prompt > LIMITS.max_prompt_tokens);
+        FUZZ_CHECK(e.status == 400 && strcmp(e.code, "context_length_exceeded") == 0);
+        FUZZ_CHECK(strcmp(e.param, param) == 0);
+        check_error(&e);
+        return false;
+    }
+    FUZZ_CHECK(n_prompt <= LIMITS.max_prompt_tokens);
+    memset(&e, 0, sizeof e);
     if (dol_api_check_context(n_prompt, max_tokens, LIMITS.context_len, &e) == 0) {
         FUZZ_CHECK((int64_t)n_prompt + max_tokens <= LIMITS.context_len);
-    } else {
+        return true;
+    }
+    FUZZ_CHECK(e.status == 400 && strcmp(e.code, "context_length_exceeded") == 0);
+    check_error(&e);
+    return false;
+}
+
+/* The check the routes run before tokenizing, from a lower bound min on a
+ * prompt whose real count is n: it may only refuse what the checks after
+ * tokenizing refuse too. */
+static void check_bound(int64_t min, int n, int64_t max_tokens, const char *param)
+{
+    FUZZ_CHECK(min >= 0 && min <= n);
+    dol_api_error e;
+    memset(&e, 0, sizeof e);
+    if (dol_api_check_prompt_bound(min, max_tokens, &LIMITS, param, &e) != 0) {
         FUZZ_CHECK(e.status == 400 && strcmp(e.code, "context_length_exceeded") == 0);
         check_error(&e);
+        FUZZ_CHECK(!check_context(n, max_tokens, param));
     }
 }
 
@@ -135,13 +186,27 @@ static void fuzz_completion(const cJSON *root)
     if (dol_api_parse_completion(root, &LIMITS, &p, &e) == 0) {
         FUZZ_CHECK(!p.chat);
         check_params(&p);
-        /* Text length stands in for its token count (at most one a byte,
-         * plus BOS). */
         for (int i = 0; i < p.n_prompts; i++) {
             const dol_api_prompt *pr = &p.prompts[i];
-            check_context(pr->ids ? pr->n_ids
-                                  : (int)(pr->text_len > 100000 ? 100000 : pr->text_len + 1),
-                          p.max_tokens);
+            if (pr->ids) {
+                check_context(pr->n_ids, p.max_tokens, "prompt");
+            } else if (g_tok) {
+                int32_t *ids = NULL;
+                size_t n = 0;
+                char err[DOL_ERR_LEN];
+                FUZZ_CHECK(dol_tokenizer_encode(g_tok, pr->text, pr->text_len, true, &ids, &n,
+                                                err, sizeof err) == 0);
+                int64_t min = (int64_t)dol_tokenizer_min_tokens(g_tok, pr->text,
+                                                                pr->text_len) + 1;
+                check_bound(min, (int)n, p.max_tokens, "prompt");
+                check_context((int)n, p.max_tokens, "prompt");
+                free(ids);
+            } else {
+                /* Without the tokenizer, the text's length stands in for its
+                 * token count (at most one a byte, plus BOS). */
+                check_context((int)(pr->text_len > 100000 ? 100000 : pr->text_len + 1),
+                              p.max_tokens, "prompt");
+            }
         }
     } else {
         check_error(&e);
@@ -159,13 +224,22 @@ static void fuzz_chat(const cJSON *root)
         check_params(&p);
         int32_t *ids = NULL;
         int n = 0;
+        int64_t min = -1;
+        dol_api_error me;
+        memset(&me, 0, sizeof me);
+        bool roles_ok = g_tok && dol_api_chat_min_tokens(g_tok, p.messages, p.n_messages,
+                                                         &min, &me) == 0;
+        if (g_tok && !roles_ok) check_error(&me);
         if (g_tok && dol_api_chat_prompt_ids(g_tok, p.messages, p.n_messages, &ids, &n, &e) == 0) {
+            FUZZ_CHECK(roles_ok);
             FUZZ_CHECK(ids != NULL && n >= 1);
             FUZZ_CHECK(ids[0] == dol_tokenizer_bos_id(g_tok));
             for (int i = 0; i < n; i++)
                 FUZZ_CHECK(ids[i] >= 0 && ids[i] < dol_tokenizer_vocab_size(g_tok));
-            check_context(n, p.max_tokens);
+            check_bound(min, n, p.max_tokens_given ? p.max_tokens : 1, "messages");
+            check_context(n, p.max_tokens, "messages");
         } else if (g_tok) {
+            FUZZ_CHECK(!roles_ok);
             FUZZ_CHECK(ids == NULL);
             check_error(&e);
         }
@@ -220,13 +294,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     dol_api_error e;
     memset(&e, 0, sizeof e);
-    cJSON *root = dol_api_parse_object(body, size, &e);
+    int depth = dol_api_json_depth(body, size, FUZZ_JSON_DEPTH);
+    FUZZ_CHECK(depth >= 0 && depth <= FUZZ_JSON_DEPTH + 1);
+    cJSON *root = dol_api_parse_object(body, size, FUZZ_JSON_DEPTH, &e);
     if (!root) {
         check_error(&e);
         free(body);
         return 0;
     }
     FUZZ_CHECK(cJSON_IsObject(root));
+    FUZZ_CHECK(tree_depth(root) == depth && depth <= FUZZ_JSON_DEPTH);
     FUZZ_CHECK(fuzz_utf8_ok(data, size) && !memchr(data, '\0', size));
 
     fuzz_completion(root);

@@ -70,6 +70,18 @@ def request_seeds():
         "tokenize.json": {"prompt": "Once upon a time", "add_special_tokens": False},
         "tokenize_messages.json": {"messages": [{"role": "user", "content": "hi"}]},
         "detokenize.json": {"tokens": [1, 403, 407, 511], "model": "stories260K"},
+        # at and past the lowered limits of fuzz_request.c
+        "limits_at.json": {"prompt": "x", "n": 4, "best_of": 4, "max_tokens": 256,
+                           "stop": ["a" * 32, "b", "c"],
+                           "logit_bias": {str(i): 1 for i in range(20)}},
+        "limits_over.json": {"prompt": "x", "n": 5, "max_tokens": 257, "stop": "a" * 33,
+                             "logit_bias": {str(i): 1 for i in range(21)}},
+        "chat_cap.json": {"messages": [{"role": "user", "content": "x"}],
+                          "max_completion_tokens": 257},
+        "long_prompt.json": {"prompt": "Once upon a time, there was a little girl. " * 100,
+                             "max_tokens": 4},
+        "long_chat.json": {"messages": [{"role": "user", "content": "Lily  likes to play. " * 150}]},
+        "spaces_prompt.json": {"prompt": " " * 3000 + "x \u2581\u2581 y", "max_tokens": 1},
     }
     for name, obj in seeds.items():
         write("fuzz_request", name, json.dumps(obj))
@@ -84,6 +96,8 @@ def request_seeds():
         "trailing_bytes.json": '{"prompt":"x"} trailing',
         "whitespace.json": ' \n\t{"prompt" : "x" } \r\n',
         "deep.json": '{"prompt":"x","extra":' + nested + '}',
+        "depth_16.json": '{"prompt":"x","e":' + "[" * 15 + '"[[\\"{{\\\\"' + "]" * 15 + '}',
+        "depth_17.json": '{"prompt":"x","e":' + "[" * 16 + '"]]\\"}}"' + "]" * 16 + '}',
         "empty.json": '',
     }
     for name, text in raw.items():

@@ -31,6 +31,7 @@ RAW_BODIES = [
     ("truncated-utf8", b'{"prompt": "\xe4\xbd"}', 400, None, None),
     ("lone-surrogate-escape", b'{"prompt": "\\ud800"}', 400, None, None),
     ("nul-escape", b'{"prompt": "a\\u0000b"}', 400, None, None),
+    ("non-hex-escape", b'{"prompt": "a\\u12G4b"}', 400, None, None),
     ("raw-nul", b'{"prompt": "a\x00b"}', 400, None, None),
     ("nan", b'{"prompt": "a", "temperature": NaN}', 400, None, None),
     ("infinity", b'{"prompt": "a", "temperature": Infinity}', 400, None, None),

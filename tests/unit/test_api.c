@@ -336,6 +336,254 @@ static void test_chat_json(void **state)
     cJSON_Delete(j);
 }
 
+/* ---- limits ------------------------------------------------------------------ */
+
+static void test_json_depth(void **state)
+{
+    (void)state;
+    static const struct { const char *json; int depth; } cases[] = {
+        {"{}", 1},
+        {"{\"a\":[[1]]}", 3},
+        {"{\"a\":[{},[],{\"b\":[]}]}", 4},
+        {"{\"a\":\"[[[[{{\"}", 1},                 /* brackets inside a string */
+        {"{\"a\":\"\\\"[[[\"}", 1},               /* an escaped quote stays inside */
+        {"{\"a\":\"\\\\\",\"b\":[[]]}", 3},         /* an escaped backslash ends before the quote */
+        {"{\"[\":{\"]\":{\"}\":[\"{\"]}}}", 4},         /* keys are strings too */
+        {"\"no object\"", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *j = cases[i].json;
+        assert_int_equal(dol_api_json_depth(j, strlen(j), 100), cases[i].depth);
+    }
+    /* Counting stops once past the limit. */
+    char deep[2100];
+    memset(deep, '[', 1000);
+    memset(deep + 1000, ']', 1000);
+    deep[2000] = '\0';
+    assert_int_equal(dol_api_json_depth(deep, 2000, 1000), 1000);
+    assert_int_equal(dol_api_json_depth(deep, 2000, 64), 65);
+
+    /* dol_api_parse_object: exactly max_depth passes, one more is a 400
+     * naming the setting; 0 leaves only cJSON's own limit. */
+    const char *body = "{\"prompt\":[[1,2]],\"x\":{\"y\":{}}}";   /* depth 3 */
+    dol_api_error e = {0};
+    cJSON *root = dol_api_parse_object(body, strlen(body), 3, &e);
+    assert_non_null(root);
+    cJSON_Delete(root);
+    assert_null(dol_api_parse_object(body, strlen(body), 2, &e));
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "");
+    assert_non_null(strstr(e.message, "max_json_depth"));
+    assert_non_null(strstr(e.message, "2"));
+    root = dol_api_parse_object(body, strlen(body), 0, &e);
+    assert_non_null(root);
+    cJSON_Delete(root);
+}
+
+/* cJSON reads a \u escape with non-hex digits as U+0000 and cuts the string
+ * there; such bodies are refused instead (found by fuzz_request). */
+static void test_u_escapes(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "{\"prompt\":\"abc\\u12G4def\"}", "{\"prompt\":\"abc\\uZdef\"}",
+        "{\"prompt\":\"\\u0000\"}", "{\"prompt\":\"\\ud83d\\u12\"}", "{\"prompt\":\"\\u",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dol_api_error e = {0};
+        assert_null(dol_api_parse_object(bad[i], strlen(bad[i]), 64, &e));
+        assert_int_equal(e.status, 400);
+    }
+    /* an escaped backslash before "u" is no escape; good escapes pass */
+    const char *ok = "{\"a\":\"x\\\\u12G4\",\"b\":\"\\u00e9\\uD83D\\udc2c\\u0041\"}";
+    dol_api_error e = {0};
+    cJSON *root = dol_api_parse_object(ok, strlen(ok), 64, &e);
+    assert_non_null(root);
+    assert_string_equal(cJSON_GetObjectItem(root, "a")->valuestring, "x\\u12G4");
+    assert_string_equal(cJSON_GetObjectItem(root, "b")->valuestring,
+                        "\xC3\xA9\xF0\x9F\x90\xAC" "A");
+    cJSON_Delete(root);
+}
+
+/* One /v1/completions body under lim: 0 or -1 with the error's param. */
+static int parse_lim(const char *json, const dol_api_limits *lim, dol_completion_params *p,
+                     dol_api_error *e)
+{
+    cJSON *body = cJSON_Parse(json);
+    assert_non_null(body);
+    int rc = dol_api_parse_completion(body, lim, p, e);
+    cJSON_Delete(body);
+    return rc;
+}
+
+static void expect_limit(const char *json, const dol_api_limits *lim, const char *param,
+                         const char *setting)
+{
+    dol_completion_params p;
+    dol_api_error e = {0};
+    assert_int_equal(parse_lim(json, lim, &p, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, param);
+    if (!strstr(e.message, setting)) {
+        print_error("\"%s\" does not name %s\n", e.message, setting);
+        fail();
+    }
+    dol_api_completion_params_free(&p);
+}
+
+static void expect_ok(const char *json, const dol_api_limits *lim)
+{
+    dol_completion_params p;
+    dol_api_error e = {0};
+    if (parse_lim(json, lim, &p, &e) != 0) {
+        print_error("%s: %s\n", json, e.message);
+        fail();
+    }
+    dol_api_completion_params_free(&p);
+}
+
+static void test_configured_limits(void **state)
+{
+    (void)state;
+    dol_api_limits lim = LIM;
+    lim.max_n = 2;
+    lim.max_stop = 2;
+    lim.max_stop_len = 5;
+    lim.max_logit_bias = 2;
+    lim.max_tokens_cap = 50;
+    expect_ok("{\"prompt\":\"x\",\"n\":2,\"best_of\":2,\"stop\":[\"abcde\",\"b\"],"
+              "\"logit_bias\":{\"5\":1,\"6\":2},\"max_tokens\":50}", &lim);
+    expect_limit("{\"prompt\":\"x\",\"n\":3}", &lim, "n", "max_n");
+    expect_limit("{\"prompt\":\"x\",\"best_of\":3,\"n\":2}", &lim, "best_of", "max_n");
+    expect_limit("{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\"]}", &lim, "stop", "max_stop");
+    expect_limit("{\"prompt\":\"x\",\"stop\":\"abcdef\"}", &lim, "stop", "max_stop_len");
+    expect_limit("{\"prompt\":\"x\",\"stop\":[\"a\",\"abcdef\"]}", &lim, "stop", "max_stop_len");
+    expect_limit("{\"prompt\":\"x\",\"logit_bias\":{\"5\":1,\"6\":2,\"7\":3}}", &lim,
+                 "logit_bias", "max_logit_bias");
+    expect_limit("{\"prompt\":\"x\",\"max_tokens\":51}", &lim, "max_tokens", "max_tokens_cap");
+
+    /* The default max_tokens never exceeds the cap. */
+    dol_completion_params p;
+    dol_api_error e = {0};
+    lim.default_max_tokens = 100;
+    assert_int_equal(parse_lim("{\"prompt\":\"x\"}", &lim, &p, &e), 0);
+    assert_int_equal(p.max_tokens, 50);
+    dol_api_completion_params_free(&p);
+
+    /* chat: max_completion_tokens too */
+    cJSON *body = cJSON_Parse("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                              "\"max_completion_tokens\":51}");
+    assert_int_equal(dol_api_parse_chat(body, &lim, &p, &e), -1);
+    assert_string_equal(e.param, "max_completion_tokens");
+    assert_non_null(strstr(e.message, "max_tokens_cap"));
+    dol_api_completion_params_free(&p);
+    cJSON_Delete(body);
+
+    /* 0 = the built-in defaults; limits past the arrays are held to them. */
+    lim = LIM;
+    expect_ok("{\"prompt\":\"x\",\"n\":16,\"stop\":[\"a\",\"b\",\"c\",\"d\"]}", &lim);
+    expect_limit("{\"prompt\":\"x\",\"n\":17}", &lim, "n", "max_n");
+    expect_limit("{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", &lim, "stop",
+                 "max_stop");
+    lim.max_stop = 10;
+    lim.max_logit_bias = 1000;
+    expect_limit("{\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", &lim, "stop",
+                 "max_stop");
+    char json[8192] = "{\"prompt\":\"x\",\"logit_bias\":{";
+    for (int i = 0; i < 301; i++)
+        snprintf(json + strlen(json), sizeof json - strlen(json), "%s\"%d\":1", i ? "," : "", i);
+    strcat(json, "}}");
+    expect_limit(json, &lim, "logit_bias", "max_logit_bias");
+    char stop[600], json2[700];
+    memset(stop, 'a', 513);
+    stop[513] = '\0';
+    snprintf(json2, sizeof json2, "{\"prompt\":\"x\",\"stop\":\"%s\"}", stop);
+    expect_limit(json2, &lim, "stop", "max_stop_len");
+    stop[512] = '\0';
+    snprintf(json2, sizeof json2, "{\"prompt\":\"x\",\"stop\":\"%s\"}", stop);
+    expect_ok(json2, &lim);
+}
+
+static void test_prompt_limits(void **state)
+{
+    (void)state;
+    dol_api_limits lim = LIM;   /* context 1024 */
+    dol_api_error e = {0};
+    /* At the context, dol_api_check_context is the check. */
+    assert_int_equal(dol_api_check_prompt_tokens(5000, &lim, "prompt", &e), 0);
+    lim.max_prompt_tokens = 100;
+    assert_int_equal(dol_api_check_prompt_tokens(100, &lim, "prompt", &e), 0);
+    assert_int_equal(dol_api_check_prompt_tokens(101, &lim, "messages", &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "messages");
+    assert_string_equal(e.code, "context_length_exceeded");
+    assert_non_null(strstr(e.message, "max_prompt_tokens"));
+    assert_non_null(strstr(e.message, "101"));
+
+    /* The bound before tokenizing: over max_prompt_tokens, or no room left
+     * in the context by the prompt alone (max_tokens is left to the exact
+     * check after tokenizing, which names the real figures). */
+    assert_int_equal(dol_api_check_prompt_bound(100, 900, &lim, "prompt", &e), 0);
+    assert_int_equal(dol_api_check_prompt_bound(100, 5000, &lim, "prompt", &e), 0);
+    assert_int_equal(dol_api_check_prompt_bound(101, 1, &lim, "prompt", &e), -1);
+    assert_string_equal(e.param, "prompt");
+    assert_string_equal(e.code, "context_length_exceeded");
+    assert_non_null(strstr(e.message, "max_prompt_tokens"));
+    lim.max_prompt_tokens = 0;
+    assert_int_equal(dol_api_check_prompt_bound(1024, 0, &lim, "prompt", &e), 0);
+    assert_int_equal(dol_api_check_prompt_bound(1023, 1, &lim, "prompt", &e), 0);
+    assert_int_equal(dol_api_check_prompt_bound(1024, 1, &lim, "prompt", &e), -1);
+    assert_int_equal(dol_api_check_prompt_bound(1025, 0, &lim, "prompt", &e), -1);
+    assert_string_equal(e.param, "prompt");
+    assert_string_equal(e.code, "context_length_exceeded");
+    assert_non_null(strstr(e.message, "1024"));
+    assert_int_equal(dol_api_check_prompt_bound(2000, 16, &lim, "messages", &e), -1);
+    assert_string_equal(e.param, "messages");
+    assert_non_null(strstr(e.message, "messages"));
+}
+
+/* dol_api_chat_min_tokens never exceeds the real count, and checks the
+ * roles as dol_api_chat_prompt_ids does. */
+static void test_chat_min_tokens(void **state)
+{
+    (void)state;
+    if (!g_tok) skip();
+    static const char *const convs[] = {
+        "[{\"role\":\"user\",\"content\":\"hi\"}]",
+        "[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\" u1 \"},"
+        "{\"role\":\"assistant\",\"content\":\"a1\\n\"},{\"role\":\"user\",\"content\":\"u2\"}]",
+        "[{\"role\":\"user\",\"content\":\"                                                 \"}]",
+        "[{\"role\":\"user\",\"content\":\"\u0430\u0434\u043c\u0438\u043d\u0438\u0441\u0442\"}]",
+    };
+    for (size_t i = 0; i < sizeof convs / sizeof convs[0]; i++) {
+        cJSON *m = cJSON_Parse(convs[i]);
+        assert_non_null(m);
+        dol_chat_message *msgs = NULL;
+        int count = 0;
+        dol_api_error e = {0};
+        assert_int_equal(dol_api_parse_messages(m, &msgs, &count, &e), 0);
+        int64_t min = -1;
+        int32_t *ids = NULL;
+        int n = 0;
+        assert_int_equal(dol_api_chat_min_tokens(g_tok, msgs, count, &min, &e), 0);
+        assert_int_equal(dol_api_chat_prompt_ids(g_tok, msgs, count, &ids, &n, &e), 0);
+        assert_true(min >= 1 && min <= n);
+        free(ids);
+        dol_api_messages_free(msgs, count);
+        cJSON_Delete(m);
+    }
+    cJSON *m = cJSON_Parse("[{\"role\":\"assistant\",\"content\":\"x\"}]");
+    dol_chat_message *msgs = NULL;
+    int count = 0;
+    dol_api_error e = {0};
+    assert_int_equal(dol_api_parse_messages(m, &msgs, &count, &e), 0);
+    int64_t min = -1;
+    assert_int_equal(dol_api_chat_min_tokens(g_tok, msgs, count, &min, &e), -1);
+    assert_string_equal(e.param, "messages");
+    dol_api_messages_free(msgs, count);
+    cJSON_Delete(m);
+}
+
 int main(void)
 {
     const char *shared = getenv("DOLPHIN_SHARED");
@@ -358,6 +606,11 @@ int main(void)
         cmocka_unit_test(test_completion_refusals),
         cmocka_unit_test(test_tokenizer_bodies),
         cmocka_unit_test(test_chat_json),
+        cmocka_unit_test(test_json_depth),
+        cmocka_unit_test(test_u_escapes),
+        cmocka_unit_test(test_configured_limits),
+        cmocka_unit_test(test_prompt_limits),
+        cmocka_unit_test(test_chat_min_tokens),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     dol_tokenizer_free(g_tok);

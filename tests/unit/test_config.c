@@ -23,7 +23,8 @@
  * missing from the table, the default file, the docs or --help is caught. */
 static const char *const KEYS[] = {
     "host", "port", "max_body_bytes", "max_connections", "max_connections_per_ip",
-    "connection_timeout_s", "model", "served_model_name", "threads",
+    "connection_timeout_s", "max_json_depth", "max_prompt_tokens", "max_tokens_cap", "max_n",
+    "max_stop", "max_stop_len", "max_logit_bias", "model", "served_model_name", "threads",
     "backend", "weights", "quantize_lm_head", "context_len", "temperature", "top_p", "top_k",
     "max_tokens", "batch_window_ms", "max_batch_size", "batch_mode", "max_queue",
     "request_timeout_s", "memory_high_watermark", "kv_cache_tokens",
@@ -122,6 +123,13 @@ static void test_defaults(void **state)
     assert_string_equal(c.host, "127.0.0.1");
     assert_int_equal(c.port, 8080);
     assert_int_equal(c.max_body_bytes, 1024 * 1024);
+    assert_int_equal(c.max_json_depth, 64);
+    assert_int_equal(c.max_prompt_tokens, 0);
+    assert_int_equal(c.max_tokens_cap, 0);
+    assert_int_equal(c.max_n, 16);
+    assert_int_equal(c.max_stop, 4);
+    assert_int_equal(c.max_stop_len, 512);
+    assert_int_equal(c.max_logit_bias, 300);
     assert_string_equal(c.model, "");
     assert_string_equal(c.served_model_name, "");
     assert_int_equal(c.threads, 0);
@@ -348,6 +356,15 @@ static const struct { const char *text, *want; } BAD_YAML[] = {
     { "context_len: -4\n", ":1: field context_len: out of range: -4" },
     { "default_priority: -1\n", ":1: field default_priority: out of range: -1" },
     { "max_body_bytes: 512\n", ":1: field max_body_bytes: out of range: 512 (must be >= 1024)" },
+    { "max_json_depth: 0\n", ":1: field max_json_depth: out of range: 0 (must be between 1 and 1000)" },
+    { "max_json_depth: 1001\n", ":1: field max_json_depth: out of range: 1001" },
+    { "max_prompt_tokens: -1\n", ":1: field max_prompt_tokens: out of range: -1 (must be >= 0)" },
+    { "max_tokens_cap: -1\n", ":1: field max_tokens_cap: out of range: -1 (must be >= 0)" },
+    { "max_n: 0\n", ":1: field max_n: out of range: 0 (must be between 1 and 256)" },
+    { "max_stop: 5\n", ":1: field max_stop: out of range: 5 (must be between 1 and 4)" },
+    { "max_stop_len: 0\n", ":1: field max_stop_len: out of range: 0 (must be between 1 and 65536)" },
+    { "max_stop_len: 65KiB\n", ":1: field max_stop_len: out of range: 65KiB" },
+    { "max_logit_bias: 301\n", ":1: field max_logit_bias: out of range: 301 (must be between 1 and 300)" },
     { "max_body_bytes: 1.5GiB\n", ":1: field max_body_bytes: not a size" },
     { "kv_cache_bytes: 12XB\n", ":1: field kv_cache_bytes: not a size" },
     { "kv_cache_bytes: -1KiB\n", ":1: field kv_cache_bytes: out of range: -1KiB (must be >= 0)" },
@@ -570,6 +587,41 @@ static void test_flags_every_field(void **state)
     assert_true(c.vram_unready_after_s == 3.0);
     assert_string_equal(c.log_level, "warn");
     assert_int_equal(c.max_body_bytes, 2048);
+}
+
+static void test_limit_settings(void **state)
+{
+    (void)state;
+    char err[DOL_ERR_LEN];
+    dol_config c;
+    int rc = parse_args(&c, err, ARGS(
+        "--max-json-depth", "8", "--max-prompt-tokens", "100", "--max-tokens-cap", "50",
+        "--max-n", "2", "--max-stop", "1", "--max-stop-len=1KiB", "--max-logit-bias", "3"));
+    if (rc != 0) { print_error("%s\n", err); fail(); }
+    assert_int_equal(c.max_json_depth, 8);
+    assert_int_equal(c.max_prompt_tokens, 100);
+    assert_int_equal(c.max_tokens_cap, 50);
+    assert_int_equal(c.max_n, 2);
+    assert_int_equal(c.max_stop, 1);
+    assert_int_equal(c.max_stop_len, 1024);
+    assert_int_equal(c.max_logit_bias, 3);
+
+    dol_config_defaults(&c);
+    rc = dol_config_load_yaml(&c, yaml("max_json_depth: 1000\nmax_prompt_tokens: 4096\n"
+                                       "max_tokens_cap: 2048\nmax_n: 256\nmax_stop: 4\n"
+                                       "max_stop_len: 64KiB\nmax_logit_bias: 300\n"),
+                              err, sizeof err);
+    if (rc != 0) { print_error("%s\n", err); fail(); }
+    assert_int_equal(c.max_json_depth, 1000);
+    assert_int_equal(c.max_prompt_tokens, 4096);
+    assert_int_equal(c.max_tokens_cap, 2048);
+    assert_int_equal(c.max_n, 256);
+    assert_int_equal(c.max_stop_len, 65536);
+
+    assert_int_equal(parse_args(&c, err, ARGS("--max-stop", "5")), -1);
+    assert_string_equal(err, "flag --max-stop: out of range: 5 (must be between 1 and 4)");
+    assert_int_equal(parse_args(&c, err, ARGS("--max-logit-bias", "0")), -1);
+    assert_string_equal(err, "flag --max-logit-bias: out of range: 0 (must be between 1 and 300)");
 }
 
 static void test_flags_reset_to_defaults(void **state)
@@ -806,6 +858,7 @@ int main(void)
         cmocka_unit_test(test_size_suffixes),
         cmocka_unit_test(test_flags_override_file),
         cmocka_unit_test(test_flags_every_field),
+        cmocka_unit_test(test_limit_settings),
         cmocka_unit_test(test_flags_reset_to_defaults),
         cmocka_unit_test(test_flags_bad),
         cmocka_unit_test(test_help_and_version),

@@ -824,6 +824,128 @@ static void test_detok_errors(void **state)
     free(out);
 }
 
+/* dol_tokenizer_max_piece_bytes, worked out again from the public API:
+ * the heaviest piece encoding can produce, "▁" weighing 1, byte pieces 1,
+ * control pieces and (byte fallback being on in both models) <unk> none.
+ * With chars, characters instead of bytes. */
+static int heaviest_piece(const dol_tokenizer *t, bool chars)
+{
+    int most = 1;
+    for (int id = 0; id < dol_tokenizer_vocab_size(t); id++) {
+        if (dol_tokenizer_is_control(t, id) || id == UNK) continue;
+        int w = 1;
+        if (!dol_tokenizer_is_byte(t, id)) {
+            const char *p = dol_tokenizer_id_to_piece(t, id);
+            w = 0;
+            for (size_t i = 0; p[i]; i++) {
+                if (!chars || ((unsigned char)p[i] & 0xC0) != 0x80) w++;
+                if (strncmp(p + i, "\xE2\x96\x81", 3) == 0) i += 2;
+            }
+        }
+        if (w > most) most = w;
+    }
+    return most;
+}
+
+/* encode(text) has at least dol_tokenizer_min_tokens(text) ids. */
+static void assert_bound(const dol_tokenizer *t, const char *text, size_t len)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char err[DOL_ERR_LEN];
+    assert_int_equal(dol_tokenizer_encode(t, text, len, false, &ids, &n, err, sizeof err), 0);
+    size_t min = dol_tokenizer_min_tokens(t, text, len);
+    if (min > n) {
+        print_error("min_tokens %zu > %zu tokens for %zu bytes \"%.60s\"\n", min, n, len, text);
+        fail();
+    }
+    free(ids);
+}
+
+static void test_min_tokens(void **state)
+{
+    (void)state;
+    assert_int_equal(dol_tokenizer_max_piece_bytes(NULL), 0);
+    assert_int_equal(dol_tokenizer_min_tokens(NULL, "abc", 3), 0);
+    /* Llama-2's heaviest piece is "▁административ" (27 bytes, 14
+     * characters; in characters "▁" x 16 is), stories260K's "▁little". */
+    assert_int_equal(dol_tokenizer_max_piece_bytes(g_llama), heaviest_piece(g_llama, false));
+    assert_int_equal(dol_tokenizer_max_piece_bytes(g_stories),
+                     heaviest_piece(g_stories, false));
+    assert_int_equal(dol_tokenizer_max_piece_bytes(g_llama), 27);
+    assert_int_equal(heaviest_piece(g_llama, true), 16);
+    assert_int_equal(dol_tokenizer_max_piece_bytes(g_stories), 7);
+    assert_int_equal(heaviest_piece(g_stories, true), 7);
+
+    /* Spaces: Llama keeps every one (16 make one piece); stories260K's
+     * normalizer removes extra whitespace, so spaces count for nothing. */
+    assert_int_equal(dol_tokenizer_min_tokens(g_llama, "                ", 16), 1);
+    assert_int_equal(dol_tokenizer_min_tokens(g_llama, "                 ", 17), 2);
+    assert_int_equal(dol_tokenizer_min_tokens(g_stories, "                 ", 17), 0);
+    /* A literal "▁" weighs 1, like the space it looks like; and when extra
+     * whitespace is removed, trailing ones vanish like spaces (found by
+     * fuzz_request: "    ▁" is no token at all for stories260K). */
+    assert_int_equal(dol_tokenizer_min_tokens(g_llama, "\xE2\x96\x81\xE2\x96\x81", 6), 1);
+    assert_int_equal(dol_tokenizer_min_tokens(g_stories, "    \xE2\x96\x81", 7), 0);
+    assert_int_equal(dol_tokenizer_min_tokens(g_stories, "a\xE2\x96\x81\xE2\x96\x81", 7), 1);
+    assert_int_equal(dol_tokenizer_min_tokens(g_stories, "abcdefghijklmno", 15), 3);
+    assert_int_equal(dol_tokenizer_min_tokens(g_stories, "", 0), 0);
+    /* Characters bound ASCII text (33 / 16), bytes CJK text (3 x 10 / 27). */
+    assert_int_equal(dol_tokenizer_min_tokens(g_llama, "abcdefghijklmnopqrstuvwxyzabcdefg", 33),
+                     3);
+    assert_int_equal(dol_tokenizer_min_tokens(g_llama, "\xE6\x8E\xA8\xE6\x8E\xA8\xE6\x8E\xA8"
+                     "\xE6\x8E\xA8\xE6\x8E\xA8\xE6\x8E\xA8\xE6\x8E\xA8\xE6\x8E\xA8\xE6\x8E\xA8"
+                     "\xE6\x8E\xA8", 30), 2);
+
+    static const char *const texts[] = {
+        "", " ", "  ", "a", "a     b", "   leading and trailing   ",
+        "Once upon a time, there was a little girl named Lily.",
+        "\xE2\x96\x81\xE2\x96\x81\xE2\x96\x81x\xE2\x96\x81 \xE2\x96\x81  y",
+        "\n\n\n\t\t  \r\n", "\xE6\x8E\xA8\xE7\x90\x86 \xF0\x9F\x98\x80\xF0\x9F\x98\x80",
+        "\xFF\xFE invalid \xC0\xAF bytes \xE2\x96", "<s></s><unk>[INST]",
+        "    \xE2\x96\x81", "\xE2\x96\x81\xE2\x96\x81\xE2\x96\x81", "a \xE2\x96\x81 \xE2\x96\x81  ",
+        "                                                                  x",
+    };
+    const dol_tokenizer *toks[] = {g_llama, g_stories};
+    for (size_t k = 0; k < NELEM(toks); k++) {
+        for (size_t i = 0; i < NELEM(texts); i++) assert_bound(toks[k], texts[i], strlen(texts[i]));
+        /* Random text over an alphabet heavy in spaces, "▁", repeats of the
+         * vocabulary's own pieces and multi-byte characters. */
+        static const char *const alpha[] = {
+            " ", " ", "  ", "\xE2\x96\x81", "e", "the", "ing", "\n", "\xC3\xA9",
+            "\xE6\x8E\xA8", "\xF0\x9F\x98\x80", "                ", "Lily", ".", "0",
+        };
+        char buf[4096];
+        for (int round = 0; round < 300; round++) {
+            size_t len = 0, want = 1 + rnd_below(sizeof buf - 64);
+            while (len < want) {
+                const char *a = rnd_below(3) == 0
+                    ? dol_tokenizer_id_to_piece(toks[k], (int32_t)(259 + rnd_below(
+                          (uint32_t)dol_tokenizer_vocab_size(toks[k]) - 259)))
+                    : alpha[rnd_below(NELEM(alpha))];
+                size_t n = strlen(a);
+                if (len + n >= sizeof buf) break;
+                memcpy(buf + len, a, n);
+                len += n;
+            }
+            buf[len] = '\0';
+            assert_bound(toks[k], buf, len);
+        }
+    }
+
+    /* A megabyte of prose is refused long before it is encoded: the bound
+     * is far past any context, and takes no time to compute. */
+    size_t big = 1 << 20;
+    char *text = malloc(big + 1);
+    assert_non_null(text);
+    static const char prose[] = "Once upon a time, there was a little girl named Lily. ";
+    for (size_t i = 0; i < big; i++) text[i] = prose[i % (sizeof prose - 1)];
+    text[big] = '\0';
+    assert_true(dol_tokenizer_min_tokens(g_llama, text, big) > 4096 * 8);
+    assert_true(dol_tokenizer_min_tokens(g_stories, text, big) > 4096 * 8);
+    free(text);
+}
+
 int main(void)
 {
     const char *env = getenv("DOLPHIN_SHARED");
@@ -859,6 +981,7 @@ int main(void)
         cmocka_unit_test(test_prompt_partial_char),
         cmocka_unit_test(test_random_sequences),
         cmocka_unit_test(test_detok_errors),
+        cmocka_unit_test(test_min_tokens),
     };
     const int rc = cmocka_run_group_tests_name("tokenizer", tests, NULL, NULL);
     dol_tokenizer_free(g_llama);
