@@ -180,10 +180,10 @@ def config_seeds():
     w("sizes.yaml", "max_body_bytes: 1 GiB\nkv_cache_bytes: 512MB\n")
     w("connections.yaml", "max_connections: 64\nmax_connections_per_ip: 8\n"
       "connection_timeout_s: 0\n")
-    w("args.bin", b"\x00--port\n9000\n--api-key\nk1:5\n--no-warmup\n--max-body-bytes=2MiB\n"
+    w("args.raw", b"\x00--port\n9000\n--api-key\nk1:5\n--no-warmup\n--max-body-bytes=2MiB\n"
       b"--temperature\n0.5")
-    w("args_bad.bin", b"\x00--port\nabc\n--frobnicate\n")
-    w("args_help.bin", b"\x00--help")
+    w("args_bad.raw", b"\x00--port\nabc\n--frobnicate\n")
+    w("args_help.raw", b"\x00--help")
 
 
 # ---- fuzz_detok: byte 0 picks the tokenizer, then two bytes per token --------
@@ -208,7 +208,7 @@ def detok_seeds():
     ids = {0: {"Once": 403, "upon": 407, "a": 261, "time": 378, "the": 265, ".": 426},
            1: {"Once": 9038, "upon": 2501, "a": 263, "time": 931, "the": 278, ".": 29889}}
     for t, p in ids.items():
-        w = lambda name, data: write("fuzz_detok", f"{name}_{t}.bin", bytes([t]) + data)
+        w = lambda name, data: write("fuzz_detok", f"{name}_{t}.raw", bytes([t]) + data)
         w("words", BOS + tid(p["Once"]) + SEP + tid(p["upon"]) + tid(p["a"]) + tid(p["time"])
           + tid(p["."]) + EOS)
         w("emoji_bytes", BOS + SEP + byt(0xF0, 0x9F, 0x90, 0xAC) + tid(p["the"]))
