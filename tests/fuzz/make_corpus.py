@@ -133,34 +133,34 @@ def raw_safetensors(header_text, data=b""):
 
 def safetensors_seeds():
     w = lambda name, data: write("fuzz_safetensors", name, data)
-    w("one_f32.safetensors", safetensors([("model.embed_tokens.weight", "F32", [2, 3])]))
-    w("mixed.safetensors", safetensors(
+    w("one_f32.st.raw", safetensors([("model.embed_tokens.weight", "F32", [2, 3])]))
+    w("mixed.st.raw", safetensors(
         [("model.norm.weight", "F16", [4]), ("lm_head.weight", "BF16", [2, 4]),
          ("model.layers.0.self_attn.q_proj.weight", "F32", [4, 4])],
         metadata={"format": "pt"}))
-    w("zero_and_scalar.safetensors", safetensors(
+    w("zero_and_scalar.st.raw", safetensors(
         [("empty", "F32", [0, 4]), ("scalar", "F32", []), ("after", "F16", [3])]))
-    w("other_dtypes.safetensors", safetensors(
+    w("other_dtypes.st.raw", safetensors(
         [("a", "I8", [5]), ("b", "U8", [2, 2]), ("c", "BOOL", [3]), ("d", "F64", [1]),
          ("e", "I64", [2])]))
-    w("eight_dims.safetensors", safetensors([("t", "F16", [1, 2, 1, 2, 1, 2, 1, 2])]))
-    w("empty_header.safetensors", raw_safetensors("{}"))
-    w("metadata_only.safetensors", raw_safetensors('{"__metadata__":{"a":"b"}}'))
-    w("overlap.safetensors", raw_safetensors(
+    w("eight_dims.st.raw", safetensors([("t", "F16", [1, 2, 1, 2, 1, 2, 1, 2])]))
+    w("empty_header.st.raw", raw_safetensors("{}"))
+    w("metadata_only.st.raw", raw_safetensors('{"__metadata__":{"a":"b"}}'))
+    w("overlap.st.raw", raw_safetensors(
         '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
         '"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}', bytes(12)))
-    w("past_end.safetensors", raw_safetensors(
+    w("past_end.st.raw", raw_safetensors(
         '{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}', bytes(8)))
-    w("wrong_size.safetensors", raw_safetensors(
+    w("wrong_size.st.raw", raw_safetensors(
         '{"a":{"dtype":"F16","shape":[3],"data_offsets":[0,8]}}', bytes(8)))
-    w("huge_shape.safetensors", raw_safetensors(
+    w("huge_shape.st.raw", raw_safetensors(
         '{"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}}'))
-    w("duplicate.safetensors", raw_safetensors(
+    w("duplicate.st.raw", raw_safetensors(
         '{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
         '"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', bytes(2)))
-    w("bad_json.safetensors", raw_safetensors('{"a":{"dtype":"F32",'))
-    w("header_too_long.safetensors", struct.pack("<Q", 1 << 40) + b"{}")
-    w("short.safetensors", b"\x02\x00\x00")
+    w("bad_json.st.raw", raw_safetensors('{"a":{"dtype":"F32",'))
+    w("header_too_long.st.raw", struct.pack("<Q", 1 << 40) + b"{}")
+    w("short.st.raw", b"\x02\x00\x00")
 
 
 # ---- fuzz_config: YAML files, or 0x00 + one argument per line ----------------
