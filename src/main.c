@@ -215,9 +215,9 @@ int main(int argc, char **argv)
     }
     dol_server_attach(srv, model, tok, sched);
     dol_log(DOL_LOG_INFO, "model_loaded",
-            "backend=%s model=%s layers=%d hidden=%d heads=%d kv_heads=%d vocab=%d ctx=%d weight_bytes=%zu "
-            "kv_blocks=%d kv_block_size=%d threads=%d load_ms=%.0f",
-            dol_engine_backend_name(engine), model->name, model->cfg.n_layers, model->cfg.hidden_size, model->cfg.n_heads,
+            "backend=%s cpu_kernels=%s model=%s layers=%d hidden=%d heads=%d kv_heads=%d vocab=%d ctx=%d "
+            "weight_bytes=%zu kv_blocks=%d kv_block_size=%d threads=%d load_ms=%.0f",
+            dol_engine_backend_name(engine), dol_engine_cpu_kernels(), model->name, model->cfg.n_layers, model->cfg.hidden_size, model->cfg.n_heads,
             model->cfg.n_kv_heads, model->cfg.vocab_size, dol_engine_context_len(engine),
             dol_engine_weight_bytes(engine), dol_engine_kv_blocks_total(engine),
             dol_engine_kv_block_size(engine), threads, dol_now_ms() - t0);

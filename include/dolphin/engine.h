@@ -26,7 +26,8 @@ extern "C" {
 /* How linear-layer weights (q, k, v, o, gate, up, down, lm_head) are held
  * in memory. The embedding and the norms always keep their precision. */
 typedef enum {
-    DOL_WEIGHTS_AUTO = 0, /* keep the checkpoint's F32/F16; BF16 becomes F32 */
+    DOL_WEIGHTS_AUTO = 0, /* keep the checkpoint's F32/F16/BF16 (CPU; the CUDA
+                             backend holds FP16) */
     DOL_WEIGHTS_F32,      /* convert every linear layer to F32 at load */
     DOL_WEIGHTS_F16,      /* convert every linear layer to F16 at load */
     DOL_WEIGHTS_NF4,      /* quantize every linear layer to 4-bit NormalFloat at
@@ -63,7 +64,7 @@ typedef struct {
     dol_weight_format weights;
     bool quantize_lm_head;    /* weights NF4: quantize lm_head too (true is the
                                  usual choice; false keeps it as AUTO would:
-                                 the checkpoint's F32/F16, BF16 as F32). Other
+                                 the checkpoint's F32/F16/BF16). Other
                                  formats ignore it. Note that {0} means false. */
 } dol_engine_params;
 
@@ -78,6 +79,10 @@ void dol_engine_free(dol_engine *e);
 
 /* "cpu" or "cuda": the backend actually in use. */
 const char *dol_engine_backend_name(const dol_engine *e);
+/* The CPU SIMD kernel set this process uses: "portable", "avx2" or
+ * "avx512", chosen from cpuid at the first call (or any CPU kernel use);
+ * the environment variable DOLPHIN_CPU_KERNELS overrides the choice. */
+const char *dol_engine_cpu_kernels(void);
 /* Device memory of the backend in bytes (CUDA: cudaMemGetInfo; CPU: the KV
  * pool, so readiness logic is testable without a GPU). 0 / -1. */
 int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total);

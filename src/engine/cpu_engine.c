@@ -121,7 +121,7 @@ static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *s
     dol_dtype want;
     if (fmt == DOL_WEIGHTS_F32) want = DOL_DTYPE_F32;
     else if (fmt == DOL_WEIGHTS_F16) want = DOL_DTYPE_F16;
-    else want = src->dtype == DOL_DTYPE_BF16 ? DOL_DTYPE_F32 : src->dtype;
+    else want = src->dtype; /* AUTO: F32, F16 and BF16 all have SIMD kernels */
     dst->w.dtype = want;
     e->qs.linear_bytes += (size_t)n * dol_dtype_size(want);
     e->weight_bytes += (size_t)n * dol_dtype_size(want);

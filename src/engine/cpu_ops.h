@@ -1,9 +1,17 @@
 /* src/engine/cpu_ops.h — the CPU reference kernels of the forward pass:
- * matrix products over F32/F16/NF4 weights, RMSNorm, RoPE, SiLU-gated product,
- * embedding lookup. float32 arithmetic throughout. Each output element is
- * computed by the same instruction sequence whatever the batch size or the
- * thread split, so results are batch-invariant bit for bit. These are also
- * the references that the CUDA kernels are tested against. */
+ * matrix products over F32/F16/BF16/NF4 weights, RMSNorm, RoPE, SiLU-gated
+ * product, embedding lookup. float32 arithmetic throughout. The arithmetic
+ * comes from the kernel set chosen at run time for this CPU (portable C,
+ * AVX2 or AVX-512: cpu_kernels.h; DOLPHIN_CPU_KERNELS overrides the choice).
+ * Within one kernel set each output element is computed by the same
+ * instruction sequence whatever the batch size or the thread split, so
+ * results are batch-invariant bit for bit; two sets differ by rounding only.
+ * These are also the references that the CUDA kernels are tested against.
+ *
+ * The summation order of a dot product, for every caller and batch size:
+ * one accumulator of DOL_SIMD lanes (the set's width: 16 for avx512, 8 for
+ * avx2, 1 for portable) along k in steps of DOL_SIMD, a horizontal sum,
+ * then the scalar tail in k order. */
 #ifndef DOLPHIN_ENGINE_CPU_OPS_H
 #define DOLPHIN_ENGINE_CPU_OPS_H
 
@@ -14,7 +22,7 @@
 #include "engine/threadpool.h"
 
 /* out[t][n] = sum_k x[t][k] * W[n][k]  for t < T, n < N, k < K.
- * x: [T][K] f32 row-major; W: N rows of K elements (dtype F32 or F16);
+ * x: [T][K] f32 row-major; W: N rows of K elements (dtype F32, F16 or BF16);
  * out: [T][N] f32 row-major (must not alias x). Parallel over N on pool. */
 void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
                     const void *W, dol_dtype wtype, int N);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/cpu_kernels.h"
 
 struct dol_engine {
     const dol_backend_ops *ops;
@@ -99,6 +100,7 @@ void dol_engine_free(dol_engine *e)
 }
 
 const char *dol_engine_backend_name(const dol_engine *e) { return e->ops->name; }
+const char *dol_engine_cpu_kernels(void) { return dol_cpu_kernels_get()->name; }
 int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total)
 {
     if (e->ops->memory_info(e->impl, used, total) == 0) return 0;

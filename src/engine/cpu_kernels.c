@@ -1,0 +1,414 @@
+/* src/engine/cpu_kernels.c — the instruction-set dependent kernels of the
+ * CPU backend: dot product, matrix-product rows over F32/F16/BF16 and NF4
+ * weights, RMSNorm, RoPE, SiLU-gated product. Written once, compiled by
+ * CMake once per variant with -DDOL_CPU_VARIANT=<name> and that variant's
+ * flags (cpu_kernels.h); each compilation exports the table
+ * dol_cpu_kernels_<name>. Everything else here is file-static.
+ *
+ * DOL_SIMD is the accumulator width: 16 (avx512), 8 (avx2) or undefined
+ * (portable: scalar k order). The matrix product walks W in tiles of
+ * MM_NC rows and runs up to four rows of x against each tile, so W is
+ * streamed from memory once per call whatever the batch size. The tiles are
+ * self-contained: each follows the order of k_dot exactly, which is what
+ * keeps outputs batch-invariant. */
+#include "engine/cpu_kernels.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef DOL_CPU_VARIANT
+#error "compile cpu_kernels.c with -DDOL_CPU_VARIANT=portable|avx2|avx512 (see CMakeLists.txt)"
+#endif
+
+#define DOL_CAT_(a, b) a##b
+#define DOL_CAT(a, b) DOL_CAT_(a, b)
+#define DOL_STR_(a) #a
+#define DOL_STR(a) DOL_STR_(a)
+
+#define DOL_VARIANT_ID_portable 1
+#define DOL_VARIANT_ID_avx2 2
+#define DOL_VARIANT_ID_avx512 3
+#define DOL_VARIANT_ID DOL_CAT(DOL_VARIANT_ID_, DOL_CPU_VARIANT)
+
+#if DOL_VARIANT_ID == 3
+#if !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+      defined(__AVX512VL__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#error "the avx512 variant needs -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma -mf16c"
+#endif
+#include <immintrin.h>
+#define DOL_SIMD 16
+typedef __m512 vecf;
+static inline vecf v_zero(void) { return _mm512_setzero_ps(); }
+static inline vecf v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline vecf v_load_h(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+/* BF16 is the high half of an F32: widen to 32 bits, shift left 16 (exact,
+ * the same bits as dol_bf16_to_f32). */
+static inline vecf v_load_bf16(const uint16_t *p)
+{
+    __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+static inline vecf v_fma(vecf a, vecf b, vecf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float v_sum(vecf v) { return _mm512_reduce_add_ps(v); }
+#elif DOL_VARIANT_ID == 2
+#if !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#error "the avx2 variant needs -mavx2 -mfma -mf16c"
+#endif
+#include <immintrin.h>
+#define DOL_SIMD 8
+typedef __m256 vecf;
+static inline vecf v_zero(void) { return _mm256_setzero_ps(); }
+static inline vecf v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline vecf v_load_h(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline vecf v_load_bf16(const uint16_t *p)
+{
+    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+static inline vecf v_fma(vecf a, vecf b, vecf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float v_sum(vecf v)
+{
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 sh = _mm_movehdup_ps(lo);
+    __m128 s = _mm_add_ps(lo, sh);
+    sh = _mm_movehl_ps(sh, s);
+    return _mm_cvtss_f32(_mm_add_ss(s, sh));
+}
+#elif DOL_VARIANT_ID != 1
+#error "DOL_CPU_VARIANT must be portable, avx2 or avx512"
+#endif
+
+/* Weight k of a row of dtype t, as f32 (exact for every dtype). */
+static inline float load_w1(const void *w, dol_dtype t, int k)
+{
+    if (t == DOL_DTYPE_F16) return dol_f16_to_f32(((const uint16_t *)w)[k]);
+    if (t == DOL_DTYPE_BF16) return dol_bf16_to_f32(((const uint16_t *)w)[k]);
+    return ((const float *)w)[k];
+}
+
+static inline size_t w_size(dol_dtype t) { return t == DOL_DTYPE_F32 ? 4 : 2; }
+
+#ifdef DOL_SIMD
+/* DOL_SIMD weights from element i of W, whatever the dtype (t is a
+ * compile-time constant in every tile, so the switch folds away). */
+static inline vecf v_load_w(const void *W, dol_dtype t, size_t i)
+{
+    switch (t) {
+    case DOL_DTYPE_F16: return v_load_h((const uint16_t *)W + i);
+    case DOL_DTYPE_BF16: return v_load_bf16((const uint16_t *)W + i);
+    default: return v_load((const float *)W + i);
+    }
+}
+#endif
+
+/* The summation order, the same for every caller and every batch size: one
+ * DOL_SIMD-lane accumulator over k in steps of DOL_SIMD, a horizontal sum,
+ * then the scalar tail (portable: the scalar loop alone). Independent
+ * chains come from computing several outputs at once, never from splitting
+ * one output's sum. */
+static float k_dot(const float *x, const void *w, dol_dtype t, int n)
+{
+    int k = 0;
+    float sum = 0.0f;
+#ifdef DOL_SIMD
+    vecf acc = v_zero();
+    switch (t) {
+    case DOL_DTYPE_F16:
+        for (; k + DOL_SIMD <= n; k += DOL_SIMD)
+            acc = v_fma(v_load(x + k), v_load_w(w, DOL_DTYPE_F16, (size_t)k), acc);
+        break;
+    case DOL_DTYPE_BF16:
+        for (; k + DOL_SIMD <= n; k += DOL_SIMD)
+            acc = v_fma(v_load(x + k), v_load_w(w, DOL_DTYPE_BF16, (size_t)k), acc);
+        break;
+    default:
+        for (; k + DOL_SIMD <= n; k += DOL_SIMD)
+            acc = v_fma(v_load(x + k), v_load_w(w, DOL_DTYPE_F32, (size_t)k), acc);
+        break;
+    }
+    sum = v_sum(acc);
+#endif
+    for (; k < n; k++) sum += x[k] * load_w1(w, t, k);
+    return sum;
+}
+
+/* ---- matrix product ------------------------------------------------------ */
+
+#ifdef DOL_SIMD
+#define MM_NC 4 /* W rows per register tile */
+
+/* Pin a vector to a register. Without it GCC folds the load of x into each
+ * of the NC FMAs that use it, one load per FMA, and the tile becomes bound
+ * by loads (2.3 x slower at 8 rows of x on a Zen 5). The empty asm changes
+ * no value and no instruction order of the arithmetic. */
+static inline vecf v_in_register(vecf v)
+{
+    __asm__("" : "+v"(v));
+    return v;
+}
+
+/* Register tile: NR rows of x against MM_NC rows of W (n .. n+MM_NC-1), W of
+ * dtype DT; each W vector is loaded (and converted from F16 / BF16) once for
+ * all NR rows. Every output follows k_dot's order exactly. While it runs it
+ * prefetches the next tile's rows, spread evenly over the k loop. */
+#define DEFINE_TILE(NR, DT, SUF)                                                            \
+    static void tile_##SUF##_##NR(const float *x, int K, const void *W, int n, float *out, \
+                                  int N)                                                    \
+    {                                                                                       \
+        const dol_dtype t = DT;                                                             \
+        const size_t esz = w_size(t);                                                       \
+        vecf acc[NR][MM_NC];                                                                \
+        for (int r = 0; r < NR; r++)                                                        \
+            for (int c = 0; c < MM_NC; c++) acc[r][c] = v_zero();                           \
+        const char *pf = (const char *)W + (size_t)(n + MM_NC) * K * esz;                   \
+        const size_t pf_step = MM_NC * esz * DOL_SIMD;                                      \
+        int k = 0;                                                                          \
+        for (; k + DOL_SIMD <= K; k += DOL_SIMD) {                                          \
+            vecf w[MM_NC];                                                                  \
+            for (size_t o = 0; o < pf_step; o += 64)                                        \
+                _mm_prefetch(pf + (size_t)k / DOL_SIMD * pf_step + o, _MM_HINT_T0);         \
+            for (int c = 0; c < MM_NC; c++)                                                 \
+                w[c] = v_load_w(W, t, (size_t)(n + c) * K + k);                             \
+            for (int r = 0; r < NR; r++) {                                                  \
+                vecf xv = v_in_register(v_load(x + (size_t)r * K + k));                     \
+                for (int c = 0; c < MM_NC; c++) acc[r][c] = v_fma(xv, w[c], acc[r][c]);     \
+            }                                                                               \
+        }                                                                                   \
+        for (int r = 0; r < NR; r++)                                                        \
+            for (int c = 0; c < MM_NC; c++) {                                               \
+                float s = v_sum(acc[r][c]);                                                 \
+                const float *xr = x + (size_t)r * K;                                        \
+                const char *wr = (const char *)W + (size_t)(n + c) * K * esz;               \
+                for (int kk = k; kk < K; kk++) s += xr[kk] * load_w1(wr, t, kk);            \
+                out[(size_t)r * N + n + c] = s;                                             \
+            }                                                                               \
+    }
+
+typedef void (*mm_tile_fn)(const float *x, int K, const void *W, int n, float *out, int N);
+
+/* Tiles of 1..4 rows of x for one weight dtype; index = rows of x. */
+#define DEFINE_TILES(DT, SUF)                                                               \
+    DEFINE_TILE(1, DT, SUF)                                                                 \
+    DEFINE_TILE(2, DT, SUF)                                                                 \
+    DEFINE_TILE(3, DT, SUF)                                                                 \
+    DEFINE_TILE(4, DT, SUF)                                                                 \
+    static const mm_tile_fn mm_tiles_##SUF[5] = { NULL, tile_##SUF##_1, tile_##SUF##_2,     \
+                                                  tile_##SUF##_3, tile_##SUF##_4 };
+DEFINE_TILES(DOL_DTYPE_F32, f32)
+DEFINE_TILES(DOL_DTYPE_F16, f16)
+DEFINE_TILES(DOL_DTYPE_BF16, bf16)
+#endif
+
+static void k_matmul_rows(float *out, const float *x, int T, int K, const void *W,
+                          dol_dtype wt, int N, int n0, int n1)
+{
+    const size_t esz = w_size(wt);
+    int n = n0;
+#ifdef DOL_SIMD
+    const mm_tile_fn *tile = wt == DOL_DTYPE_F16    ? mm_tiles_f16
+                             : wt == DOL_DTYPE_BF16 ? mm_tiles_bf16
+                                                    : mm_tiles_f32;
+    for (; n + MM_NC <= n1; n += MM_NC)
+        for (int t = 0; t < T; t += 4) {
+            int nr = T - t < 4 ? T - t : 4;
+            tile[nr](x + (size_t)t * K, K, W, n, out + (size_t)t * N, N);
+        }
+#endif
+    for (; n < n1; n++) {
+        const void *w = (const char *)W + (size_t)n * K * esz;
+        for (int t = 0; t < T; t++)
+            out[(size_t)t * N + n] = k_dot(x + (size_t)t * K, w, wt, K);
+    }
+}
+
+/* ---- matrix product over NF4 weights ------------------------------------ */
+
+/* Sum x[k] * w[k] over blocks b0.. of row `row` in k order, each block
+ * dequantized to floats first: the whole product in the portable variant,
+ * the short last block of a row in the SIMD ones. */
+static float nf4_dot_blocks(const float *x, const dol_nf4_matrix *W, int64_t row, int64_t b0,
+                            float sum)
+{
+    float w[DOL_NF4_BLOCK];
+    for (int64_t b = b0; b < W->blocks_per_row; b++) {
+        int n = dol_nf4_dequantize_block(W, row, b, w);
+        const float *xb = x + b * DOL_NF4_BLOCK;
+        for (int j = 0; j < n; j++) sum += xb[j] * w[j];
+    }
+    return sum;
+}
+
+#ifdef DOL_SIMD
+/* In-register dequantization. A block's 64 codes are 32 bytes: byte j holds
+ * weight j (low nibble) and weight j + 32 (high nibble), see nf4.h. Vector
+ * s of a block (s = 0 .. 64/DOL_SIMD - 1) covers weights s*DOL_SIMD ..
+ * s*DOL_SIMD + DOL_SIMD-1: the low nibbles of bytes (s*DOL_SIMD) % 32 .. for
+ * the first half of the block, the high nibbles of the same bytes for the
+ * second. Widening those bytes to 32-bit lanes gives table indices; the
+ * table holds the 16 levels times the block's scale, so each lane becomes
+ * exactly dol_nf4_levels[code] * scale, as dol_nf4_dequantize_block says. */
+#if DOL_SIMD == 16
+typedef __m512 nf4_lut; /* levels * scale, one lane per code */
+static inline nf4_lut nf4_lut_make(uint16_t scale)
+{
+    vecf s = _mm512_set1_ps(_cvtsh_ss(scale));
+    return _mm512_mul_ps(_mm512_loadu_ps(dol_nf4_levels), s);
+}
+static inline vecf nf4_decode(const uint8_t *codes, int s, nf4_lut lut)
+{
+    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + (s & 1) * 16)));
+    if (s >= 2) idx = _mm512_srli_epi32(idx, 4);
+    return _mm512_permutexvar_ps(idx, lut); /* uses the low 4 bits of each lane */
+}
+#define NF4_NC 4 /* W rows per register tile */
+#else
+typedef struct {
+    __m256 lo, hi; /* levels 0..7 and 8..15, times the scale */
+} nf4_lut;
+static inline nf4_lut nf4_lut_make(uint16_t scale)
+{
+    __m256 s = _mm256_set1_ps(_cvtsh_ss(scale));
+    return (nf4_lut){ _mm256_mul_ps(_mm256_loadu_ps(dol_nf4_levels), s),
+                      _mm256_mul_ps(_mm256_loadu_ps(dol_nf4_levels + 8), s) };
+}
+static inline vecf nf4_decode(const uint8_t *codes, int s, nf4_lut lut)
+{
+    __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + (s & 3) * 8)));
+    if (s >= 4) idx = _mm256_srli_epi32(idx, 4);
+    __m256 lo = _mm256_permutevar8x32_ps(lut.lo, idx); /* uses the low 3 bits */
+    __m256 hi = _mm256_permutevar8x32_ps(lut.hi, idx);
+    __m256 bit3 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)); /* code bit 3 -> sign */
+    return _mm256_blendv_ps(lo, hi, bit3);
+}
+#define NF4_NC 2 /* fewer registers: 16 ymm */
+#endif
+
+/* Register tile: NR rows of x against NC rows of W (rows n .. n+NC-1); the
+ * codes of each block are decoded once for all NR rows of x. Every output
+ * follows the order documented in cpu_ops.h, whatever NR and NC are. */
+static inline __attribute__((always_inline)) void
+nf4_tile(const int NR, const int NC, const float *x, int K, const dol_nf4_matrix *W, int n,
+         float *out, int N)
+{
+    const int64_t row_bytes = K / 2, bpr = W->blocks_per_row;
+    const int64_t full = K / DOL_NF4_BLOCK; /* blocks of 64 */
+    vecf acc[4][NF4_NC];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) acc[r][c] = v_zero();
+    for (int64_t b = 0; b < full; b++) {
+        nf4_lut lut[NF4_NC];
+        const uint8_t *codes[NF4_NC];
+        for (int c = 0; c < NC; c++) {
+            lut[c] = nf4_lut_make(W->scales[(n + c) * bpr + b]);
+            codes[c] = W->codes + (n + c) * row_bytes + b * (DOL_NF4_BLOCK / 2);
+            if (b % 2 == 0) /* rows two tiles ahead: one cache line per two blocks */
+                _mm_prefetch((const char *)codes[c] + 2 * NC * row_bytes, _MM_HINT_T0);
+        }
+        for (int s = 0; s < DOL_NF4_BLOCK / DOL_SIMD; s++) {
+            const int64_t k = b * DOL_NF4_BLOCK + s * DOL_SIMD;
+            vecf w[NF4_NC];
+            for (int c = 0; c < NC; c++) w[c] = nf4_decode(codes[c], s, lut[c]);
+            for (int r = 0; r < NR; r++) {
+                vecf xv = v_in_register(v_load(x + (size_t)r * K + k));
+                for (int c = 0; c < NC; c++) acc[r][c] = v_fma(xv, w[c], acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++)
+            out[(size_t)r * N + n + c] =
+                nf4_dot_blocks(x + (size_t)r * K, W, n + c, full, v_sum(acc[r][c]));
+}
+
+/* The tiles used: NR = 1..4 rows of x against NF4_NC rows of W ("wide"), or
+ * against one row of W for the last rows ("narrow"). */
+#define DEFINE_NF4_TILE(NAME, NR, NC)                                                          \
+    static void NAME(const float *x, int K, const dol_nf4_matrix *W, int n, float *out, int N) \
+    {                                                                                          \
+        nf4_tile(NR, NC, x, K, W, n, out, N);                                                  \
+    }
+DEFINE_NF4_TILE(nf4_wide_1, 1, NF4_NC)
+DEFINE_NF4_TILE(nf4_wide_2, 2, NF4_NC)
+DEFINE_NF4_TILE(nf4_wide_3, 3, NF4_NC)
+DEFINE_NF4_TILE(nf4_wide_4, 4, NF4_NC)
+DEFINE_NF4_TILE(nf4_narrow_1, 1, 1)
+DEFINE_NF4_TILE(nf4_narrow_2, 2, 1)
+DEFINE_NF4_TILE(nf4_narrow_3, 3, 1)
+DEFINE_NF4_TILE(nf4_narrow_4, 4, 1)
+
+typedef void (*nf4_tile_fn)(const float *, int, const dol_nf4_matrix *, int, float *, int);
+static const nf4_tile_fn nf4_wide[5] = { NULL, nf4_wide_1, nf4_wide_2, nf4_wide_3, nf4_wide_4 };
+static const nf4_tile_fn nf4_narrow[5] = { NULL, nf4_narrow_1, nf4_narrow_2, nf4_narrow_3,
+                                           nf4_narrow_4 };
+#endif
+
+static void k_nf4_rows(float *out, const float *x, int T, const dol_nf4_matrix *W, int n0,
+                       int n1)
+{
+    const int K = (int)W->cols, N = (int)W->rows;
+#ifdef DOL_SIMD
+    for (int n = n0; n < n1;) {
+        int nc = n + NF4_NC <= n1 ? NF4_NC : 1;
+        const nf4_tile_fn *tile = nc == NF4_NC ? nf4_wide : nf4_narrow;
+        for (int t = 0; t < T; t += 4) {
+            int nr = T - t < 4 ? T - t : 4;
+            tile[nr](x + (size_t)t * K, K, W, n, out + (size_t)t * N, N);
+        }
+        n += nc;
+    }
+#else
+    for (int n = n0; n < n1; n++)
+        for (int t = 0; t < T; t++)
+            out[(size_t)t * N + n] = nf4_dot_blocks(x + (size_t)t * K, W, n, 0, 0.0f);
+#endif
+}
+
+/* ---- element-wise kernels ------------------------------------------------ */
+
+static void k_rmsnorm(float *out, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + (double)eps));
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+static void k_rope(float *x, int n_heads, int head_dim, const float *cos_row,
+                   const float *sin_row)
+{
+    int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        for (int i = 0; i < half; i++) {
+            float a = v[i], b = v[i + half];
+            v[i] = a * cos_row[i] - b * sin_row[i];
+            v[i + half] = b * cos_row[i] + a * sin_row[i];
+        }
+    }
+}
+
+static void k_silu_mul(float *out, const float *gate, const float *up, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+const dol_cpu_kernels DOL_CAT(dol_cpu_kernels_, DOL_CPU_VARIANT) = {
+    .name = DOL_STR(DOL_CPU_VARIANT),
+#ifdef DOL_SIMD
+    .lanes = DOL_SIMD,
+#else
+    .lanes = 1,
+#endif
+    .dot = k_dot,
+    .matmul_rows = k_matmul_rows,
+    .nf4_rows = k_nf4_rows,
+    .rmsnorm = k_rmsnorm,
+    .rope = k_rope,
+    .silu_mul = k_silu_mul,
+};

@@ -1,0 +1,703 @@
+/* tests/unit/test_cpu_kernels.c — the instruction-set variants of the CPU
+ * kernels (src/engine/cpu_kernels.h): every variant this CPU supports
+ * against the portable one and against a double-precision reference, on
+ * random inputs of odd sizes (dot, matrix-product rows over F32/F16/BF16
+ * and NF4 weights, RMSNorm, RoPE, SiLU-gated product); batch invariance bit
+ * for bit within each variant; the row-range contract of matmul_rows and
+ * nf4_rows; the find / set API and the DOLPHIN_CPU_KERNELS override (checked
+ * in a child process, since the environment is read at first use); and
+ * BF16 linear weights through the engine (held as BF16, logits equal to
+ * those of their F32 copy). A variant the CPU lacks is skipped with a note;
+ * the engine case needs the stories260K fixture ($DOLPHIN_SHARED) and is
+ * skipped without it. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dolphin/engine.h"
+#include "dolphin/model.h"
+#include "engine/cpu_kernels.h"
+#include "engine/cpu_ops.h"
+#include "engine/nf4.h"
+
+extern char **environ;
+
+static const char *const g_names[] = { "portable", "avx2", "avx512" };
+#define N_NAMES 3
+
+/* Relative tolerance, against sum_k |x_k * w_k| (the scale of the rounding
+ * errors of a float32 sum; the result itself may cancel to near zero). */
+#define REL 1e-5
+
+static const int g_K[] = { 1, 3, 7, 15, 17, 31, 33, 63, 64, 65, 127, 129, 767, 770 };
+static const int g_N[] = { 1, 3, 5, 13 };
+static const int g_T[] = { 1, 2, 3, 4, 5, 7, 9 };
+static const dol_dtype g_dtypes[] = { DOL_DTYPE_F32, DOL_DTYPE_F16, DOL_DTYPE_BF16 };
+#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+
+static double uniform(void) /* xorshift64*, in [0, 1) */
+{
+    g_rng ^= g_rng >> 12;
+    g_rng ^= g_rng << 25;
+    g_rng ^= g_rng >> 27;
+    return (double)((g_rng * 2685821657736338717ull) >> 11) / 9007199254740992.0;
+}
+
+static float gaussian(void) /* Box-Muller */
+{
+    double u = uniform(), v = uniform();
+    return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(2.0 * M_PI * v));
+}
+
+static float *random_floats(size_t n)
+{
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++) p[i] = gaussian();
+    return p;
+}
+
+/* n random weights in dtype t at *raw (allocated), and their exact f32
+ * values in the returned array. */
+static float *random_weights(size_t n, dol_dtype t, void **raw)
+{
+    float *f = random_floats(n);
+    if (t == DOL_DTYPE_F32) {
+        float *r = malloc(sizeof(float) * (n ? n : 1));
+        assert_non_null(r);
+        memcpy(r, f, sizeof(float) * n);
+        *raw = r;
+        return f;
+    }
+    uint16_t *h = malloc(sizeof(uint16_t) * (n ? n : 1));
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++) {
+        if (t == DOL_DTYPE_F16) {
+            h[i] = dol_f32_to_f16(f[i]);
+            f[i] = dol_f16_to_f32(h[i]);
+        } else {
+            h[i] = dol_f32_to_bf16(f[i]);
+            f[i] = dol_bf16_to_f32(h[i]);
+        }
+    }
+    *raw = h;
+    return f;
+}
+
+/* The supported variants, portable first; the others print a note. */
+static int supported_variants(const dol_cpu_kernels **out)
+{
+    int n = 0;
+    for (int i = 0; i < N_NAMES; i++) {
+        const dol_cpu_kernels *k = dol_cpu_kernels_find(g_names[i]);
+        if (k) out[n++] = k;
+    }
+    return n;
+}
+
+static void note_skipped(void)
+{
+    for (int i = 0; i < N_NAMES; i++)
+        if (!dol_cpu_kernels_find(g_names[i]))
+            print_message("  note: variant %s not supported here (CPU or build); skipped\n",
+                          g_names[i]);
+}
+
+static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
+
+/* |got - want| within REL of the magnitude scale (plus a denormal floor). */
+static void check_close(const char *what, const char *variant, double got, double want,
+                        double scale, int K, int t, int n)
+{
+    double tol = REL * scale + 1e-30;
+    if (!(fabs(got - want) <= tol))
+        fail_msg("%s [%s] K=%d t=%d n=%d: %.9g vs %.9g (tolerance %.3g)", what, variant, K, t, n,
+                 got, want, tol);
+}
+
+/* ---- table shape ----------------------------------------------------------- */
+
+static void test_tables(void **state)
+{
+    (void)state;
+    const dol_cpu_kernels *v[N_NAMES];
+    int nv = supported_variants(v);
+    note_skipped();
+    assert_true(nv >= 1);
+    assert_ptr_equal(v[0], &dol_cpu_kernels_portable);
+    assert_string_equal(dol_cpu_kernels_portable.name, "portable");
+    assert_int_equal(dol_cpu_kernels_portable.lanes, 1);
+    for (int i = 0; i < nv; i++) {
+        assert_non_null(v[i]->dot);
+        assert_non_null(v[i]->matmul_rows);
+        assert_non_null(v[i]->nf4_rows);
+        assert_non_null(v[i]->rmsnorm);
+        assert_non_null(v[i]->rope);
+        assert_non_null(v[i]->silu_mul);
+        assert_ptr_equal(dol_cpu_kernels_find(v[i]->name), v[i]);
+        int lanes = strcmp(v[i]->name, "avx512") == 0 ? 16 : strcmp(v[i]->name, "avx2") == 0 ? 8 : 1;
+        assert_int_equal(v[i]->lanes, lanes);
+        print_message("  variant %s: %d lanes\n", v[i]->name, v[i]->lanes);
+    }
+}
+
+/* ---- dot ------------------------------------------------------------------- */
+
+static void test_dot(void **state)
+{
+    (void)state;
+    const dol_cpu_kernels *v[N_NAMES];
+    int nv = supported_variants(v);
+    for (int d = 0; d < COUNT(g_dtypes); d++)
+        for (int ki = 0; ki < COUNT(g_K); ki++) {
+            int K = g_K[ki];
+            void *raw;
+            float *x = random_floats((size_t)K);
+            float *wf = random_weights((size_t)K, g_dtypes[d], &raw);
+            double ref = 0.0, scale = 0.0;
+            for (int k = 0; k < K; k++) {
+                ref += (double)x[k] * wf[k];
+                scale += fabs((double)x[k] * wf[k]);
+            }
+            float port = v[0]->dot(x, raw, g_dtypes[d], K);
+            for (int i = 0; i < nv; i++) {
+                float got = v[i]->dot(x, raw, g_dtypes[d], K);
+                check_close(dol_dtype_name(g_dtypes[d]), v[i]->name, got, ref, scale, K, 0, 0);
+                check_close(dol_dtype_name(g_dtypes[d]), v[i]->name, got, port, scale, K, 0, 0);
+            }
+            /* n = 0: an empty sum */
+            for (int i = 0; i < nv; i++) assert_true(v[i]->dot(x, raw, g_dtypes[d], 0) == 0.0f);
+            free(x);
+            free(wf);
+            free(raw);
+        }
+}
+
+/* ---- matmul_rows ----------------------------------------------------------- */
+
+/* One shape and dtype, every supported variant: against the double
+ * reference and portable; every element equal to the variant's dot; rows
+ * computed alone (T = 1) equal to the same rows in the batch; a split row
+ * range writes only its columns and gives the same bits. */
+static void check_matmul_shape(const dol_cpu_kernels *const *v, int nv, int K, int N, int T,
+                               dol_dtype dt)
+{
+    void *raw;
+    float *x = random_floats((size_t)T * K);
+    float *wf = random_weights((size_t)N * K, dt, &raw);
+    size_t esz = dol_dtype_size(dt);
+    float *port = malloc(sizeof(float) * (size_t)T * N);
+    float *out = malloc(sizeof(float) * (size_t)T * N);
+    float *part = malloc(sizeof(float) * (size_t)T * N);
+    float one[16];
+    assert_true(port && out && part && N <= 16);
+    v[0]->matmul_rows(port, x, T, K, raw, dt, N, 0, N);
+    for (int i = 0; i < nv; i++) {
+        const dol_cpu_kernels *kv = v[i];
+        kv->matmul_rows(out, x, T, K, raw, dt, N, 0, N);
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < N; n++) {
+                double ref = 0.0, scale = 0.0;
+                for (int k = 0; k < K; k++) {
+                    double p = (double)x[(size_t)t * K + k] * wf[(size_t)n * K + k];
+                    ref += p;
+                    scale += fabs(p);
+                }
+                float got = out[(size_t)t * N + n];
+                check_close(dol_dtype_name(dt), kv->name, got, ref, scale, K, t, n);
+                check_close(dol_dtype_name(dt), kv->name, got, port[(size_t)t * N + n], scale, K,
+                            t, n);
+                float d = kv->dot(x + (size_t)t * K, (const char *)raw + (size_t)n * K * esz, dt, K);
+                if (!same_bits(got, d))
+                    fail_msg("%s [%s] K=%d N=%d T=%d t=%d n=%d: matmul %.9g != dot %.9g",
+                             dol_dtype_name(dt), kv->name, K, N, T, t, n, got, d);
+            }
+        /* batch invariance: row t alone */
+        for (int t = 0; t < T; t++) {
+            kv->matmul_rows(one, x + (size_t)t * K, 1, K, raw, dt, N, 0, N);
+            if (memcmp(one, out + (size_t)t * N, sizeof(float) * (size_t)N) != 0)
+                fail_msg("%s [%s] K=%d N=%d T=%d: row %d differs from T=1", dol_dtype_name(dt),
+                         kv->name, K, N, T, t);
+        }
+        /* row range: [0, m) then [m, N), m not a multiple of 4 when possible */
+        int m = N > 1 ? 1 + (int)(uniform() * (N - 1)) : 0;
+        const float sentinel = -12345.678f;
+        for (size_t e = 0; e < (size_t)T * N; e++) part[e] = sentinel;
+        kv->matmul_rows(part, x, T, K, raw, dt, N, m, N);
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < m; n++) assert_true(same_bits(part[(size_t)t * N + n], sentinel));
+        kv->matmul_rows(part, x, T, K, raw, dt, N, 0, m);
+        if (memcmp(part, out, sizeof(float) * (size_t)T * N) != 0)
+            fail_msg("%s [%s] K=%d N=%d T=%d: split rows at %d differ", dol_dtype_name(dt),
+                     kv->name, K, N, T, m);
+    }
+    free(x);
+    free(wf);
+    free(raw);
+    free(port);
+    free(out);
+    free(part);
+}
+
+static void test_matmul_rows(void **state)
+{
+    (void)state;
+    const dol_cpu_kernels *v[N_NAMES];
+    int nv = supported_variants(v);
+    int shapes = 0;
+    for (int d = 0; d < COUNT(g_dtypes); d++)
+        for (int ki = 0; ki < COUNT(g_K); ki++)
+            for (int ni = 0; ni < COUNT(g_N); ni++)
+                for (int ti = 0; ti < COUNT(g_T); ti++) {
+                    check_matmul_shape(v, nv, g_K[ki], g_N[ni], g_T[ti], g_dtypes[d]);
+                    shapes++;
+                }
+    print_message("  matmul_rows: %d shapes x %d variants\n", shapes, nv);
+}
+
+/* dol_cpu_matmul (thread pool, task split) gives the bits of the selected
+ * variant's matmul_rows, for every variant selected in turn. */
+static void test_matmul_through_pool(void **state)
+{
+    (void)state;
+    const dol_cpu_kernels *v[N_NAMES];
+    int nv = supported_variants(v);
+    const dol_cpu_kernels *before = dol_cpu_kernels_get();
+    dol_pool *pool = dol_pool_new(2);
+    assert_non_null(pool);
+    const int T = 5, K = 129, N = 301;
+    for (int d = 0; d < COUNT(g_dtypes); d++) {
+        void *raw;
+        float *x = random_floats((size_t)T * K);
+        float *wf = random_weights((size_t)N * K, g_dtypes[d], &raw);
+        float *a = malloc(sizeof(float) * T * N), *b = malloc(sizeof(float) * T * N);
+        assert_true(a && b);
+        for (int i = 0; i < nv; i++) {
+            assert_int_equal(dol_cpu_kernels_set(v[i]->name), 0);
+            assert_ptr_equal(dol_cpu_kernels_get(), v[i]);
+            dol_cpu_matmul(pool, a, x, T, K, raw, g_dtypes[d], N);
+            v[i]->matmul_rows(b, x, T, K, raw, g_dtypes[d], N, 0, N);
+            assert_memory_equal(a, b, sizeof(float) * T * N);
+        }
+        free(a);
+        free(b);
+        free(x);
+        free(wf);
+        free(raw);
+    }
+    dol_pool_free(pool);
+    assert_int_equal(dol_cpu_kernels_set(before->name), 0);
+}
+
+/* ---- NF4 ------------------------------------------------------------------- */
+
+static void test_nf4_rows(void **state)
+{
+    (void)state;
+    static const int Ks[] = { 2, 6, 14, 64, 66, 128, 130, 172, 256, 770 };
+    const dol_cpu_kernels *v[N_NAMES];
+    int nv = supported_variants(v);
+    int shapes = 0;
+    for (int ki = 0; ki < COUNT(Ks); ki++)
+        for (int ni = 0; ni < COUNT(g_N); ni++) {
+            int K = Ks[ki], N = g_N[ni];
+            float *w = random_floats((size_t)N * K);
+            dol_nf4_matrix q = {0};
+            q.codes = malloc(dol_nf4_codes_bytes(N, K));
+            q.scales = malloc(dol_nf4_scales_bytes(N, K));
+            assert_true(q.codes && q.scales);
+            dol_tensor src = { DOL_DTYPE_F32, N, K, w };
+            char err[256];
+            assert_int_equal(dol_nf4_quantize(NULL, &src, &q, "test", err, sizeof err), 0);
+            float *wd = malloc(sizeof(float) * (size_t)N * K);
+            assert_non_null(wd);
+            for (int n = 0; n < N; n++) dol_nf4_dequantize_row(&q, n, wd + (size_t)n * K);
+            for (int ti = 0; ti < COUNT(g_T); ti++) {
+                int T = g_T[ti];
+                float *x = random_floats((size_t)T * K);
+                float *port = malloc(sizeof(float) * (size_t)T * N);
+                float *out = malloc(sizeof(float) * (size_t)T * N);
+                float *part = malloc(sizeof(float) * (size_t)T * N);
+                float one[16];
+                assert_true(port && out && part);
+                v[0]->nf4_rows(port, x, T, &q, 0, N);
+                for (int i = 0; i < nv; i++) {
+                    const dol_cpu_kernels *kv = v[i];
+                    kv->nf4_rows(out, x, T, &q, 0, N);
+                    for (int t = 0; t < T; t++)
+                        for (int n = 0; n < N; n++) {
+                            double ref = 0.0, scale = 0.0;
+                            for (int k = 0; k < K; k++) {
+                                double p = (double)x[(size_t)t * K + k] * wd[(size_t)n * K + k];
+                                ref += p;
+                                scale += fabs(p);
+                            }
+                            float got = out[(size_t)t * N + n];
+                            check_close("NF4", kv->name, got, ref, scale, K, t, n);
+                            check_close("NF4", kv->name, got, port[(size_t)t * N + n], scale, K, t, n);
+                        }
+                    for (int t = 0; t < T; t++) {
+                        kv->nf4_rows(one, x + (size_t)t * K, 1, &q, 0, N);
+                        if (memcmp(one, out + (size_t)t * N, sizeof(float) * (size_t)N) != 0)
+                            fail_msg("NF4 [%s] K=%d N=%d T=%d: row %d differs from T=1", kv->name,
+                                     K, N, T, t);
+                    }
+                    int m = N > 1 ? 1 + (int)(uniform() * (N - 1)) : 0;
+                    const float sentinel = 98765.4f;
+                    for (size_t e = 0; e < (size_t)T * N; e++) part[e] = sentinel;
+                    kv->nf4_rows(part, x, T, &q, m, N);
+                    for (int t = 0; t < T; t++)
+                        for (int n = 0; n < m; n++)
+                            assert_true(same_bits(part[(size_t)t * N + n], sentinel));
+                    kv->nf4_rows(part, x, T, &q, 0, m);
+                    if (memcmp(part, out, sizeof(float) * (size_t)T * N) != 0)
+                        fail_msg("NF4 [%s] K=%d N=%d T=%d: split rows at %d differ", kv->name, K,
+                                 N, T, m);
+                }
+                shapes++;
+                free(x);
+                free(port);
+                free(out);
+                free(part);
+            }
+            free(w);
+            free(wd);
+            free(q.codes);
+            free(q.scales);
+        }
+    print_message("  nf4_rows: %d shapes x %d variants\n", shapes, nv);
+}
+
+/* ---- element-wise kernels -------------------------------------------------- */
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    static const int ns[] = { 1, 3, 7, 17, 33, 127, 771 };
+    const dol_cpu_kernels *v[N_NAMES];
+    int nv = supported_variants(v);
+    for (int ni = 0; ni < COUNT(ns); ni++) {
+        int n = ns[ni];
+        float *x = random_floats((size_t)n), *w = random_floats((size_t)n);
+        float *up = random_floats((size_t)n);
+        float *port = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * n);
+        float *alias = malloc(sizeof(float) * n);
+        assert_true(port && out && alias);
+
+        /* RMSNorm */
+        double ss = 0.0;
+        for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        double inv = 1.0 / sqrt(ss / n + 1e-5);
+        v[0]->rmsnorm(port, x, w, n, 1e-5f);
+        for (int i = 0; i < nv; i++) {
+            v[i]->rmsnorm(out, x, w, n, 1e-5f);
+            memcpy(alias, x, sizeof(float) * n);
+            v[i]->rmsnorm(alias, alias, w, n, 1e-5f); /* out may alias x */
+            assert_memory_equal(alias, out, sizeof(float) * n);
+            for (int j = 0; j < n; j++) {
+                double ref = x[j] * inv * w[j];
+                check_close("rmsnorm", v[i]->name, out[j], ref, fabs(ref), n, 0, j);
+                check_close("rmsnorm", v[i]->name, out[j], port[j], fabs(ref), n, 0, j);
+            }
+        }
+
+        /* SiLU-gated product */
+        v[0]->silu_mul(port, x, up, n);
+        for (int i = 0; i < nv; i++) {
+            v[i]->silu_mul(out, x, up, n);
+            memcpy(alias, x, sizeof(float) * n);
+            v[i]->silu_mul(alias, alias, up, n); /* out may alias gate */
+            assert_memory_equal(alias, out, sizeof(float) * n);
+            for (int j = 0; j < n; j++) {
+                double g = x[j], ref = g / (1.0 + exp(-g)) * up[j];
+                check_close("silu_mul", v[i]->name, out[j], ref, fabs(ref), n, 0, j);
+                check_close("silu_mul", v[i]->name, out[j], port[j], fabs(ref), n, 0, j);
+            }
+        }
+        free(x);
+        free(w);
+        free(up);
+        free(port);
+        free(out);
+        free(alias);
+    }
+
+    /* RoPE: odd head counts, head_dim even (pairs i, i + head_dim/2) */
+    static const int heads[] = { 1, 3, 5 };
+    static const int dims[] = { 2, 6, 34, 66, 130 };
+    for (int hi = 0; hi < COUNT(heads); hi++)
+        for (int di = 0; di < COUNT(dims); di++) {
+            int nh = heads[hi], hd = dims[di], half = hd / 2, n = nh * hd;
+            float *x = random_floats((size_t)n);
+            float *cs = malloc(sizeof(float) * half), *sn = malloc(sizeof(float) * half);
+            float *port = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * n);
+            assert_true(cs && sn && port && out);
+            for (int i = 0; i < half; i++) {
+                double a = 37.0 * pow(10000.0, -2.0 * i / hd);
+                cs[i] = (float)cos(a);
+                sn[i] = (float)sin(a);
+            }
+            memcpy(port, x, sizeof(float) * n);
+            v[0]->rope(port, nh, hd, cs, sn);
+            for (int i = 0; i < nv; i++) {
+                memcpy(out, x, sizeof(float) * n);
+                v[i]->rope(out, nh, hd, cs, sn);
+                for (int h = 0; h < nh; h++)
+                    for (int j = 0; j < half; j++) {
+                        const float *xv = x + (size_t)h * hd;
+                        double a = xv[j], b = xv[j + half];
+                        double r0 = a * cs[j] - b * sn[j], r1 = b * cs[j] + a * sn[j];
+                        double scale = fabs(a) + fabs(b);
+                        size_t o = (size_t)h * hd + j;
+                        check_close("rope", v[i]->name, out[o], r0, scale, hd, h, j);
+                        check_close("rope", v[i]->name, out[o + half], r1, scale, hd, h, j);
+                        check_close("rope", v[i]->name, out[o], port[o], scale, hd, h, j);
+                        check_close("rope", v[i]->name, out[o + half], port[o + half], scale, hd,
+                                    h, j);
+                    }
+            }
+            free(x);
+            free(cs);
+            free(sn);
+            free(port);
+            free(out);
+        }
+}
+
+/* ---- BF16 weights through the engine --------------------------------------- */
+
+/* stories260K with its linear layers turned into BF16: weights auto keeps
+ * them BF16 (2 bytes per weight) and its logits equal, bit for bit, those of
+ * weights f32 (the exact F32 copy of the same BF16 values), for every
+ * variant: the SIMD tiles read BF16 in the same order as F32. Skipped
+ * without the fixtures ($DOLPHIN_SHARED). */
+static float *logits_of(dol_engine *e, const int32_t *tok, int n)
+{
+    int V = dol_engine_vocab_size(e);
+    float *lg = malloc(sizeof(float) * (size_t)V * n);
+    assert_non_null(lg);
+    char err[DOL_ERR_LEN];
+    int seq = dol_engine_seq_new(e);
+    assert_true(seq >= 0);
+    assert_int_equal(dol_engine_seq_reserve(e, seq, n), 0);
+    dol_batch_item it = { seq, n, tok, 0, n, lg };
+    int rc = dol_engine_forward(e, &it, 1, err, sizeof err);
+    if (rc != 0) fprintf(stderr, "%s\n", err);
+    assert_int_equal(rc, 0);
+    dol_engine_seq_free(e, seq);
+    return lg;
+}
+
+static void test_engine_bf16_weights(void **state)
+{
+    (void)state;
+    const char *shared = getenv("DOLPHIN_SHARED");
+    if (!shared || !*shared) {
+        print_message("  note: DOLPHIN_SHARED not set; skipped\n");
+        skip();
+    }
+    char dir[1200], err[DOL_ERR_LEN];
+    snprintf(dir, sizeof dir, "%s/models/stories260K", shared);
+    dol_model *m = NULL;
+    int rc = dol_model_load(dir, &m, err, sizeof err);
+    if (rc != 0) fprintf(stderr, "%s\n", err);
+    assert_int_equal(rc, 0);
+
+    /* swap every linear tensor for a BF16 copy (restored before the free) */
+    int nl = m->cfg.n_layers, nt = 7 * nl + 1;
+    dol_tensor **lin = calloc((size_t)nt, sizeof *lin);
+    dol_tensor *saved = calloc((size_t)nt, sizeof *saved);
+    void **bufs = calloc((size_t)nt, sizeof *bufs);
+    assert_true(lin && saved && bufs);
+    for (int l = 0, i = 0; l < nl; l++) {
+        dol_layer_weights *w = &m->layers[l];
+        lin[i++] = &w->q, lin[i++] = &w->k, lin[i++] = &w->v, lin[i++] = &w->o;
+        lin[i++] = &w->gate, lin[i++] = &w->up, lin[i++] = &w->down;
+    }
+    lin[nt - 1] = &m->lm_head;
+    size_t weights = 0;
+    for (int i = 0; i < nt; i++) {
+        dol_tensor *t = lin[i];
+        assert_int_equal(t->dtype, DOL_DTYPE_F32);
+        size_t n = (size_t)(t->rows * t->cols);
+        uint16_t *h = malloc(sizeof(uint16_t) * n);
+        assert_non_null(h);
+        for (size_t j = 0; j < n; j++) h[j] = dol_f32_to_bf16(((const float *)t->data)[j]);
+        saved[i] = *t;
+        bufs[i] = h;
+        t->dtype = DOL_DTYPE_BF16;
+        t->data = h;
+        weights += n;
+    }
+
+    dol_engine_params p = { .backend = DOL_BACKEND_CPU, .n_threads = 2, .kv_block_size = 16,
+                            .kv_cache_tokens = 256, .max_seqs = 4, .max_batch_tokens = 64 };
+    dol_engine *ea = NULL, *ef = NULL;
+    p.weights = DOL_WEIGHTS_AUTO;
+    assert_int_equal(dol_engine_create(m, &p, &ea, err, sizeof err), 0);
+    p.weights = DOL_WEIGHTS_F32;
+    assert_int_equal(dol_engine_create(m, &p, &ef, err, sizeof err), 0);
+    dol_quant_stats qa, qf;
+    dol_engine_quant_stats(ea, &qa);
+    dol_engine_quant_stats(ef, &qf);
+    assert_int_equal(qa.linear_bytes, weights * 2); /* kept as BF16 */
+    assert_int_equal(qf.linear_bytes, weights * 4);
+
+    static const int32_t tok[] = { 1, 403, 17, 260, 99, 7, 311, 45, 128, 2, 64 };
+    const int n = (int)(sizeof tok / sizeof tok[0]);
+    const int V = dol_engine_vocab_size(ea);
+    const dol_cpu_kernels *before = dol_cpu_kernels_get();
+    const dol_cpu_kernels *v[N_NAMES];
+    int nv = supported_variants(v);
+    for (int i = 0; i < nv; i++) {
+        assert_int_equal(dol_cpu_kernels_set(v[i]->name), 0);
+        float *la = logits_of(ea, tok, n), *lf = logits_of(ef, tok, n);
+        if (memcmp(la, lf, sizeof(float) * (size_t)V * n) != 0)
+            fail_msg("[%s] BF16-held logits differ from the F32 copy's", v[i]->name);
+        print_message("  [%s] BF16 weights: %d x %d logits equal to F32's bit for bit\n",
+                      v[i]->name, n, V);
+        free(la);
+        free(lf);
+    }
+    assert_int_equal(dol_cpu_kernels_set(before->name), 0);
+    dol_engine_free(ea);
+    dol_engine_free(ef);
+    for (int i = 0; i < nt; i++) {
+        *lin[i] = saved[i];
+        free(bufs[i]);
+    }
+    free(lin);
+    free(saved);
+    free(bufs);
+    dol_model_free(m);
+}
+
+/* ---- selection ------------------------------------------------------------- */
+
+/* The automatic choice: the widest supported variant. */
+static const char *auto_choice(void)
+{
+    for (int i = N_NAMES - 1; i >= 0; i--)
+        if (dol_cpu_kernels_find(g_names[i])) return g_names[i];
+    return "portable";
+}
+
+static void test_find_and_set(void **state)
+{
+    (void)state;
+    const dol_cpu_kernels *before = dol_cpu_kernels_get();
+    assert_non_null(before);
+    assert_null(dol_cpu_kernels_find("bogus"));
+    assert_null(dol_cpu_kernels_find(""));
+    assert_null(dol_cpu_kernels_find(NULL));
+    assert_null(dol_cpu_kernels_find("AVX2"));
+    assert_int_equal(dol_cpu_kernels_set("bogus"), -1);
+    assert_int_equal(dol_cpu_kernels_set(NULL), -1);
+    assert_ptr_equal(dol_cpu_kernels_get(), before); /* unchanged */
+    for (int i = 0; i < N_NAMES; i++) {
+        const dol_cpu_kernels *k = dol_cpu_kernels_find(g_names[i]);
+        if (!k) {
+            assert_int_equal(dol_cpu_kernels_set(g_names[i]), -1);
+            assert_ptr_equal(dol_cpu_kernels_get(), before);
+            continue;
+        }
+        assert_int_equal(dol_cpu_kernels_set(g_names[i]), 0);
+        assert_ptr_equal(dol_cpu_kernels_get(), k);
+        assert_string_equal(dol_engine_cpu_kernels(), g_names[i]);
+    }
+    assert_int_equal(dol_cpu_kernels_set(before->name), 0);
+    const char *env = getenv("DOLPHIN_CPU_KERNELS");
+    if (!env || !*env) assert_string_equal(before->name, auto_choice());
+}
+
+/* Run this test binary again as `--print-kernels` with DOLPHIN_CPU_KERNELS
+ * set to value (NULL = unset); the child prints the set it chose. */
+static void expect_env_choice(const char *value, const char *expect)
+{
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    assert_true(len > 0);
+    exe[len] = 0;
+    char out_path[] = "/tmp/dolphin-test-cpu-kernels-XXXXXX";
+    int fd = mkstemp(out_path);
+    assert_true(fd >= 0);
+    close(fd);
+    /* child environment: ours, DOLPHIN_CPU_KERNELS replaced */
+    size_t n = 0;
+    while (environ[n]) n++;
+    char **envp = calloc(n + 2, sizeof *envp);
+    assert_non_null(envp);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "DOLPHIN_CPU_KERNELS=", 20) != 0) envp[m++] = environ[i];
+    char var[128];
+    if (value) {
+        snprintf(var, sizeof var, "DOLPHIN_CPU_KERNELS=%s", value);
+        envp[m++] = var;
+    }
+    envp[m] = NULL;
+    char *argv[] = { exe, "--print-kernels", out_path, NULL };
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, exe, NULL, NULL, argv, envp), 0);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    free(envp);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    char got[64] = "";
+    FILE *f = fopen(out_path, "r");
+    assert_non_null(f);
+    if (!fgets(got, sizeof got, f)) got[0] = 0;
+    fclose(f);
+    unlink(out_path);
+    got[strcspn(got, "\n")] = 0;
+    print_message("  DOLPHIN_CPU_KERNELS=%s -> %s\n", value ? value : "(unset)", got);
+    assert_string_equal(got, expect);
+}
+
+static void test_env_override(void **state)
+{
+    (void)state;
+    const char *autov = auto_choice();
+    expect_env_choice(NULL, autov);
+    expect_env_choice("auto", autov);
+    expect_env_choice("", autov);
+    expect_env_choice("bogus", autov); /* one warning line, then the automatic choice */
+    for (int i = 0; i < N_NAMES; i++)
+        expect_env_choice(g_names[i], dol_cpu_kernels_find(g_names[i]) ? g_names[i] : autov);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--print-kernels") == 0) {
+        FILE *f = fopen(argv[2], "w");
+        if (!f) return 2;
+        fprintf(f, "%s\n", dol_engine_cpu_kernels());
+        return fclose(f) == 0 ? 0 : 2;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tables),
+        cmocka_unit_test(test_dot),
+        cmocka_unit_test(test_matmul_rows),
+        cmocka_unit_test(test_matmul_through_pool),
+        cmocka_unit_test(test_nf4_rows),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_engine_bf16_weights),
+        cmocka_unit_test(test_find_and_set),
+        cmocka_unit_test(test_env_override),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
