@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/cpu_kernels.h"
 #include "engine/cpu_ops.h"
 #include "engine/kv_blocks.h"
 #include "engine/nf4.h"
@@ -25,6 +26,7 @@
 typedef struct {
     dol_tensor w;
     bool nf4;
+    bool packed; /* w.data in the packed layout (cpu_kernels.h) */
     dol_nf4_matrix q;
 } linear_w;
 
@@ -49,8 +51,11 @@ typedef struct {
     size_t weight_bytes;
     dol_quant_stats qs;       /* linear layers: formats, sizes, quantization time */
 
-    /* paged KV cache: block b, layer l, K (0) or V (1), row r of the block
-     * starts at kv_pool + b*block_floats + ((l*2 + kv)*block_size + r)*kv_dim */
+    /* paged KV cache: block b holds, for every layer l, a K region and a V
+     * region of block_size * kv_dim floats each, at kv_pool + b*block_floats
+     * + (l*2 + 0 or 1) * block_size*kv_dim. K is dims-major (element c of
+     * row r at c*block_size + r: the scores of a block are then broadcast
+     * FMAs, see attn_head in cpu_kernels.h); V is rows-major (r*kv_dim + c). */
     int block_size, n_blocks;
     const dol_kv_blocks *kv;  /* the engine's block tables, during forward */
     float *kv_pool;
@@ -62,7 +67,8 @@ typedef struct {
     /* workspaces for max_T tokens */
     int max_T;
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *logits_ws;
-    float *scores;            /* [n_threads][ctx] */
+    float *scores;            /* [n_threads][scores_stride] */
+    size_t scores_stride;     /* ctx rounded up to whole blocks */
     const int32_t *tok_id, *tok_seq, *tok_pos;
 } cpu_engine;
 
@@ -90,9 +96,10 @@ static float *norm_f32(cpu_engine *e, const dol_tensor *t)
     return p;
 }
 
-/* A linear layer in the format the matmul reads: F32 or F16, converted from
- * the checkpoint only when needed (otherwise the mapped bytes are used), or
- * NF4, quantized here on the engine's thread pool. `what` names the tensor
+/* A linear layer in the format the matmul reads: F32, F16 or BF16 in the
+ * packed layout of cpu_kernels.h (converted from the checkpoint's dtype when
+ * the format asks for another), or NF4, quantized; both on the engine's
+ * thread pool. `what` names the tensor
  * in errors. Keeps the byte counts of dol_quant_stats. */
 static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *src,
                        linear_w *dst, const char *what, char *err, size_t errlen)
@@ -125,32 +132,36 @@ static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *s
     dst->w.dtype = want;
     e->qs.linear_bytes += (size_t)n * dol_dtype_size(want);
     e->weight_bytes += (size_t)n * dol_dtype_size(want);
-    if (want == src->dtype) return 0;
-    void *buf = own(e, (size_t)n * dol_dtype_size(want));
+    /* Always a packed copy (cpu_kernels.h): one sequential stream per
+     * register tile, whatever the checkpoint's dtype. */
+    size_t elems = dol_cpu_packed_elems((int)src->rows, (int)src->cols);
+    void *buf = own(e, elems * dol_dtype_size(want));
     if (!buf) goto oom;
-    if (want == DOL_DTYPE_F32) {
-        dol_cpu_to_f32(buf, src->data, src->dtype, n);
-    } else { /* F16 from F32 or BF16 */
-        uint16_t *h = buf;
-        const void *s = src->data;
-        for (int64_t i = 0; i < n; i++) {
-            float f = src->dtype == DOL_DTYPE_F32 ? ((const float *)s)[i]
-                                                  : dol_bf16_to_f32(((const uint16_t *)s)[i]);
-            h[i] = dol_f32_to_f16(f);
-        }
+    if (dol_cpu_pack(e->pool, buf, want, src->data, src->dtype, (int)src->rows, (int)src->cols) != 0) {
+        dol_set_err(err, errlen, "engine: %s: cannot hold %s weights as %s", what,
+                    dol_dtype_name(src->dtype), dol_dtype_name(want));
+        return -1;
     }
     dst->w.data = buf;
+    dst->packed = true;
     return 0;
 oom:
     dol_set_err(err, errlen, "engine: out of memory while preparing %s", what);
     return -1;
 }
 
+/* A linear layer as the fused products of cpu_ops.h read it. */
+static dol_cpu_weight weight_of(const linear_w *w)
+{
+    return (dol_cpu_weight){ w->w.data, w->w.dtype, w->nf4 ? &w->q : NULL, (int)w->w.rows,
+                             (int)w->w.cols, w->packed };
+}
+
 /* out[T][N] = x[T][K] W^T for a linear layer in whichever format it is held. */
 static void linear(cpu_engine *e, float *out, const float *x, int T, const linear_w *w)
 {
-    if (w->nf4) dol_cpu_matmul_nf4(e->pool, out, x, T, &w->q);
-    else dol_cpu_matmul(e->pool, out, x, T, (int)w->w.cols, w->w.data, w->w.dtype, (int)w->w.rows);
+    const dol_cpu_weight cw = weight_of(w);
+    dol_cpu_matmul_multi(e->pool, x, T, cw.K, &cw, &out, 1);
 }
 
 /* ---- create / free ------------------------------------------------------- */
@@ -257,7 +268,8 @@ static int cpu_create(const dol_model *model, const dol_engine_params *p, int ct
     e->hb = xcalloc(T * wide, sizeof(float), &fail);
     e->hb2 = xcalloc(T * wide, sizeof(float), &fail);
     e->logits_ws = xcalloc((size_t)LOGIT_ROWS_CHUNK * c->vocab_size, sizeof(float), &fail);
-    e->scores = xcalloc((size_t)threads * ctx, sizeof(float), &fail);
+    e->scores_stride = ((size_t)ctx + (size_t)bs - 1) / (size_t)bs * (size_t)bs;
+    e->scores = xcalloc((size_t)threads * e->scores_stride, sizeof(float), &fail);
     if (fail) goto oom;
     *n_blocks = e->n_blocks;
     *out = e;
@@ -302,19 +314,34 @@ static int cpu_memory_info(void *impl, size_t *used, size_t *total)
     return -1;
 }
 
-static float *kv_row(const cpu_engine *e, int32_t block, int layer, int which, int row)
+/* Start of the K (which = 0) or V (1) region of layer `layer` in a block. */
+static float *kv_region(const cpu_engine *e, int32_t block, int layer, int which)
 {
     return e->kv_pool + (size_t)block * e->block_floats +
-           ((size_t)(layer * 2 + which) * e->block_size + row) * e->kv_dim;
+           (size_t)(layer * 2 + which) * e->block_size * e->kv_dim;
 }
 
+/* Store the K and V rows (kv_dim floats each) of one token at row `row` of
+ * a block: K scattered dims-major, V copied as a row. */
+static void kv_store(cpu_engine *e, int32_t block, int layer, int row, const float *k,
+                     const float *v)
+{
+    float *kt = kv_region(e, block, layer, 0);
+    for (int c = 0; c < e->kv_dim; c++) kt[(size_t)c * e->block_size + row] = k[c];
+    memcpy(kv_region(e, block, layer, 1) + (size_t)row * e->kv_dim, v, sizeof(float) * e->kv_dim);
+}
+
+/* Copy-on-write of a shared last block (n > 1 forks): the first `rows`
+ * rows are what matters; K is dims-major, so its whole region is copied. */
 static void cpu_copy_block(void *impl, int32_t src, int32_t dst, int rows)
 {
     cpu_engine *e = impl;
-    for (int l = 0; l < e->c.n_layers; l++)
-        for (int w = 0; w < 2; w++)
-            memcpy(kv_row(e, dst, l, w, 0), kv_row(e, src, l, w, 0),
-                   sizeof(float) * (size_t)rows * e->kv_dim);
+    for (int l = 0; l < e->c.n_layers; l++) {
+        memcpy(kv_region(e, dst, l, 0), kv_region(e, src, l, 0),
+               sizeof(float) * (size_t)e->block_size * e->kv_dim);
+        memcpy(kv_region(e, dst, l, 1), kv_region(e, src, l, 1),
+               sizeof(float) * (size_t)rows * e->kv_dim);
+    }
 }
 
 /* ---- attention ----------------------------------------------------------- */
@@ -322,46 +349,28 @@ static void cpu_copy_block(void *impl, int32_t src, int32_t dst, int rows)
 typedef struct {
     cpu_engine *e;
     int layer;
+    const dol_cpu_kernels *kern;
 } attn_job;
 
 /* One (token, head): causal softmax attention over the sequence's cached
  * positions 0..pos (scaled dot product, Vaswani et al. 2017), with grouped
  * query heads sharing K/V head h / (n_heads / n_kv_heads) (GQA, Ainslie et
- * al. 2023). */
+ * al. 2023), read in place from the paged cache (attn_head, cpu_kernels.h). */
 static void attn_task(void *ctx, int task, int worker)
 {
     attn_job *j = ctx;
     cpu_engine *e = j->e;
     const dol_model_config *c = &e->c;
     int t = task / c->n_heads, h = task % c->n_heads;
-    int hd = c->head_dim, bs = e->block_size;
+    int hd = c->head_dim;
     int kvh = h / (c->n_heads / c->n_kv_heads);
-    int pos = e->tok_pos[t];
     const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
-    const float *q = e->q + (size_t)t * e->q_dim + (size_t)h * hd;
-    float *sc = e->scores + (size_t)worker * e->ctx;
-    float scale = 1.0f / sqrtf((float)hd);
-
-    float maxv = -INFINITY;
-    for (int p = 0; p <= pos; p++) {
-        const float *kp = kv_row(e, s->table[p / bs], j->layer, 0, p % bs) + (size_t)kvh * hd;
-        float v = dol_cpu_dot(q, kp, DOL_DTYPE_F32, hd) * scale;
-        sc[p] = v;
-        if (v > maxv) maxv = v;
-    }
-    float sum = 0.0f;
-    for (int p = 0; p <= pos; p++) {
-        sc[p] = expf(sc[p] - maxv);
-        sum += sc[p];
-    }
-    float inv = 1.0f / sum;
-    float *o = e->att + (size_t)t * e->q_dim + (size_t)h * hd;
-    memset(o, 0, sizeof(float) * (size_t)hd);
-    for (int p = 0; p <= pos; p++) {
-        const float *vp = kv_row(e, s->table[p / bs], j->layer, 1, p % bs) + (size_t)kvh * hd;
-        float a = sc[p] * inv;
-        for (int i = 0; i < hd; i++) o[i] += a * vp[i];
-    }
+    const float *k_base = kv_region(e, 0, j->layer, 0) + (size_t)kvh * hd * e->block_size;
+    const float *v_base = kv_region(e, 0, j->layer, 1) + (size_t)kvh * hd;
+    j->kern->attn_head(e->q + (size_t)t * e->q_dim + (size_t)h * hd, hd, e->tok_pos[t] + 1,
+                       k_base, v_base, s->table, e->block_size, e->block_floats, e->kv_dim,
+                       1.0f / sqrtf((float)hd), e->scores + (size_t)worker * e->scores_stride,
+                       e->att + (size_t)t * e->q_dim + (size_t)h * hd);
 }
 
 /* ---- the forward pass ---------------------------------------------------- */
@@ -390,9 +399,9 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
         /* Attention block: RMSNorm, Q/K/V projections */
         for (int t = 0; t < T; t++)
             dol_cpu_rmsnorm(e->xb + (size_t)t * d, e->x + (size_t)t * d, w->attn_norm, d, c->rms_norm_eps);
-        linear(e, e->q, e->xb, T, &w->q);
-        linear(e, e->k, e->xb, T, &w->k);
-        linear(e, e->v, e->xb, T, &w->v);
+        const dol_cpu_weight qkv[3] = { weight_of(&w->q), weight_of(&w->k), weight_of(&w->v) };
+        float *const qkv_out[3] = { e->q, e->k, e->v };
+        dol_cpu_matmul_multi(e->pool, e->xb, T, d, qkv, qkv_out, 3);
 
         /* RoPE on q and k, then K/V into the sequence's blocks */
         for (int t = 0; t < T; t++) {
@@ -403,26 +412,23 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
             const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
             int32_t blk = s->table[pos / e->block_size];
             int row = pos % e->block_size;
-            memcpy(kv_row(e, blk, l, 0, row), e->k + (size_t)t * e->kv_dim, sizeof(float) * e->kv_dim);
-            memcpy(kv_row(e, blk, l, 1, row), e->v + (size_t)t * e->kv_dim, sizeof(float) * e->kv_dim);
+            kv_store(e, blk, l, row, e->k + (size_t)t * e->kv_dim, e->v + (size_t)t * e->kv_dim);
         }
 
         /* Causal attention of every token over its own sequence */
-        attn_job aj = { e, l };
+        attn_job aj = { e, l, dol_cpu_kernels_get() };
         dol_pool_run(e->pool, attn_task, &aj, T * c->n_heads);
 
         /* Output projection and residual */
-        linear(e, e->xb, e->att, T, &w->o);
-        for (size_t i = 0; i < (size_t)T * d; i++) e->x[i] += e->xb[i];
+        const dol_cpu_weight wo = weight_of(&w->o);
+        dol_cpu_matmul_add(e->pool, e->x, e->xb, e->att, T, e->q_dim, &wo);
 
         /* MLP block: RMSNorm, SwiGLU (Shazeer 2020), residual */
         for (int t = 0; t < T; t++)
             dol_cpu_rmsnorm(e->xb + (size_t)t * d, e->x + (size_t)t * d, w->ffn_norm, d, c->rms_norm_eps);
-        linear(e, e->hb, e->xb, T, &w->gate);
-        linear(e, e->hb2, e->xb, T, &w->up);
-        dol_cpu_silu_mul(e->hb, e->hb, e->hb2, T * f);
-        linear(e, e->xb, e->hb, T, &w->down);
-        for (size_t i = 0; i < (size_t)T * d; i++) e->x[i] += e->xb[i];
+        const dol_cpu_weight wg = weight_of(&w->gate), wu = weight_of(&w->up), wd = weight_of(&w->down);
+        dol_cpu_swiglu(e->pool, e->hb, e->hb2, e->xb, T, d, &wg, &wu);
+        dol_cpu_matmul_add(e->pool, e->x, e->xb, e->hb, T, f, &wd);
     }
 
     /* Final norm and logits, only for the rows that want them. Rows of all

@@ -51,6 +51,9 @@ static inline vecf v_load_bf16(const uint16_t *p)
 }
 static inline vecf v_fma(vecf a, vecf b, vecf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline float v_sum(vecf v) { return _mm512_reduce_add_ps(v); }
+static inline vecf v_set1(float f) { return _mm512_set1_ps(f); }
+static inline vecf v_mul(vecf a, vecf b) { return _mm512_mul_ps(a, b); }
+static inline void v_store(float *p, vecf v) { _mm512_storeu_ps(p, v); }
 #elif DOL_VARIANT_ID == 2
 #if !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #error "the avx2 variant needs -mavx2 -mfma -mf16c"
@@ -67,6 +70,9 @@ static inline vecf v_load_bf16(const uint16_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
 }
 static inline vecf v_fma(vecf a, vecf b, vecf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vecf v_set1(float f) { return _mm256_set1_ps(f); }
+static inline vecf v_mul(vecf a, vecf b) { return _mm256_mul_ps(a, b); }
+static inline void v_store(float *p, vecf v) { _mm256_storeu_ps(p, v); }
 static inline float v_sum(vecf v)
 {
     __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -220,6 +226,97 @@ static void k_matmul_rows(float *out, const float *x, int T, int K, const void *
         for (int t = 0; t < T; t++)
             out[(size_t)t * N + n] = k_dot(x + (size_t)t * K, w, wt, K);
     }
+}
+
+
+/* ---- matrix product over packed weights ---------------------------------- */
+
+#ifdef DOL_SIMD
+/* Packed register tile: NR rows of x against the panel of rows n .. n+3,
+ * read as one sequential stream (DOL_SIMD elements of 4 rows per k step),
+ * prefetching PACK_PF_BYTES ahead of the stream (which runs on into the
+ * next panel). Every output follows k_dot's order exactly: the same vector
+ * steps over k, the same tail. */
+#define PACK_PF_BYTES 1024
+#define DEFINE_PTILE(NR, DT, SUF)                                                           \
+    static void ptile_##SUF##_##NR(const float *x, int K, const void *Wp, int n, float *out, \
+                                   int N)                                                   \
+    {                                                                                       \
+        const dol_dtype t = DT;                                                             \
+        const size_t esz = w_size(t);                                                       \
+        const int kc = K - K % DOL_PACK_K;                                                  \
+        const size_t base = (size_t)n * K; /* n is a multiple of DOL_PACK_ROWS */           \
+        const char *wb = (const char *)Wp + base * esz;                                     \
+        vecf acc[NR][DOL_PACK_ROWS];                                                        \
+        for (int r = 0; r < NR; r++)                                                        \
+            for (int c = 0; c < DOL_PACK_ROWS; c++) acc[r][c] = v_zero();                   \
+        int k = 0;                                                                          \
+        for (; k + DOL_SIMD <= kc; k += DOL_SIMD) {                                         \
+            const size_t o = (size_t)(k / DOL_PACK_K) * DOL_PACK_ROWS * DOL_PACK_K +       \
+                             (size_t)(k % DOL_PACK_K);                                      \
+            if (k % DOL_PACK_K == 0) /* a new chunk: fetch the one PACK_PF_BYTES ahead */  \
+                for (size_t b = 0; b < DOL_PACK_ROWS * DOL_PACK_K * esz; b += 64)           \
+                    _mm_prefetch(wb + o * esz + PACK_PF_BYTES + b, _MM_HINT_T0);            \
+            vecf w[DOL_PACK_ROWS];                                                          \
+            for (int c = 0; c < DOL_PACK_ROWS; c++)                                         \
+                w[c] = v_load_w(Wp, t, base + o + (size_t)c * DOL_PACK_K);                  \
+            for (int r = 0; r < NR; r++) {                                                  \
+                vecf xv = v_in_register(v_load(x + (size_t)r * K + k));                     \
+                for (int c = 0; c < DOL_PACK_ROWS; c++) acc[r][c] = v_fma(xv, w[c], acc[r][c]); \
+            }                                                                               \
+        }                                                                                   \
+        /* vector steps inside the tail rows (an 8-lane set when K % 16 >= 8) */            \
+        const int kt = K - kc;                                                              \
+        for (; k + DOL_SIMD <= K; k += DOL_SIMD)                                            \
+            for (int c = 0; c < DOL_PACK_ROWS; c++) {                                       \
+                vecf w = v_load_w(Wp, t, base + (size_t)kc * DOL_PACK_ROWS + (size_t)c * kt + (size_t)(k - kc)); \
+                for (int r = 0; r < NR; r++)                                                \
+                    acc[r][c] = v_fma(v_load(x + (size_t)r * K + k), w, acc[r][c]);         \
+            }                                                                               \
+        for (int r = 0; r < NR; r++)                                                        \
+            for (int c = 0; c < DOL_PACK_ROWS && n + c < N; c++) {                          \
+                float s = v_sum(acc[r][c]);                                                 \
+                const float *xr = x + (size_t)r * K;                                        \
+                const char *wr = wb + ((size_t)kc * DOL_PACK_ROWS + (size_t)c * kt) * esz;  \
+                for (int kk = k; kk < K; kk++) s += xr[kk] * load_w1(wr, t, kk - kc);       \
+                out[(size_t)r * N + n + c] = s;                                             \
+            }                                                                               \
+    }
+
+#define DEFINE_PTILES(DT, SUF)                                                              \
+    DEFINE_PTILE(1, DT, SUF)                                                                \
+    DEFINE_PTILE(2, DT, SUF)                                                                \
+    DEFINE_PTILE(3, DT, SUF)                                                                \
+    DEFINE_PTILE(4, DT, SUF)                                                                \
+    static const mm_tile_fn pk_tiles_##SUF[5] = { NULL, ptile_##SUF##_1, ptile_##SUF##_2,   \
+                                                  ptile_##SUF##_3, ptile_##SUF##_4 };
+DEFINE_PTILES(DOL_DTYPE_F32, f32)
+DEFINE_PTILES(DOL_DTYPE_F16, f16)
+DEFINE_PTILES(DOL_DTYPE_BF16, bf16)
+#endif
+
+static void k_matmul_packed_rows(float *out, const float *x, int T, int K, const void *Wp,
+                                 dol_dtype wt, int N, int n0, int n1)
+{
+#ifdef DOL_SIMD
+    const mm_tile_fn *tile = wt == DOL_DTYPE_F16    ? pk_tiles_f16
+                             : wt == DOL_DTYPE_BF16 ? pk_tiles_bf16
+                                                    : pk_tiles_f32;
+    for (int n = n0; n < n1; n += DOL_PACK_ROWS)
+        for (int t = 0; t < T; t += 4) {
+            int nr = T - t < 4 ? T - t : 4;
+            tile[nr](x + (size_t)t * K, K, Wp, n, out + (size_t)t * N, N);
+        }
+#else
+    for (int n = n0; n < n1; n++)
+        for (int t = 0; t < T; t++) {
+            const float *xr = x + (size_t)t * K;
+            float s = 0.0f;
+            for (int k = 0; k < K; k++)
+                s += xr[k] * load_w1((const char *)Wp + dol_cpu_packed_index(n, k, K) * w_size(wt), wt, 0);
+            out[(size_t)t * N + n] = s;
+        }
+#endif
 }
 
 /* ---- matrix product over NF4 weights ------------------------------------ */
@@ -396,6 +493,106 @@ static void k_silu_mul(float *out, const float *gate, const float *up, int n)
     }
 }
 
+/* ---- attention over the paged KV cache --------------------------------- */
+
+/* Scores of the positions of one block: s[r] = sum_i q[i] * kt[i*bs + r] for
+ * r < bs, one fused multiply-add per i in ascending i (one chain per
+ * position, so every variant produces the same bits). */
+static void attn_block_scores(const float *q, int hd, const float *kt, int bs, float *s)
+{
+    int r = 0;
+#ifdef DOL_SIMD
+    for (; r + DOL_SIMD <= bs; r += DOL_SIMD) {
+        vecf acc = v_zero();
+        for (int i = 0; i < hd; i++) acc = v_fma(v_set1(q[i]), v_load(kt + (size_t)i * bs + r), acc);
+        v_store(s + r, acc);
+    }
+#endif
+    for (; r < bs; r++) {
+        float acc = 0.0f;
+        for (int i = 0; i < hd; i++) acc = fmaf(q[i], kt[(size_t)i * bs + r], acc);
+        s[r] = acc;
+    }
+}
+
+#ifdef DOL_SIMD
+/* Four blocks at once: four independent chains per vector of positions,
+ * each with exactly attn_block_scores' order. */
+static void attn_block_scores4(const float *q, int hd, const float *const kt[4], int bs, float *s)
+{
+    for (int r = 0; r + DOL_SIMD <= bs; r += DOL_SIMD) {
+        vecf a0 = v_zero(), a1 = v_zero(), a2 = v_zero(), a3 = v_zero();
+        for (int i = 0; i < hd; i++) {
+            vecf qi = v_set1(q[i]);
+            size_t o = (size_t)i * bs + r;
+            a0 = v_fma(qi, v_load(kt[0] + o), a0);
+            a1 = v_fma(qi, v_load(kt[1] + o), a1);
+            a2 = v_fma(qi, v_load(kt[2] + o), a2);
+            a3 = v_fma(qi, v_load(kt[3] + o), a3);
+        }
+        v_store(s + r, a0);
+        v_store(s + bs + r, a1);
+        v_store(s + 2 * bs + r, a2);
+        v_store(s + 3 * bs + r, a3);
+    }
+}
+#endif
+
+static void k_attn_head(const float *q, int hd, int n, const float *k_base, const float *v_base,
+                        const int32_t *table, int bs, size_t block_floats, int v_stride,
+                        float scale, float *sc, float *out)
+{
+    const int nb = (n + bs - 1) / bs;
+    int b = 0;
+#ifdef DOL_SIMD
+    if (bs % DOL_SIMD == 0)
+        for (; b + 4 <= nb; b += 4) {
+            const float *kt[4];
+            for (int j = 0; j < 4; j++) kt[j] = k_base + (size_t)table[b + j] * block_floats;
+            attn_block_scores4(q, hd, kt, bs, sc + (size_t)b * bs);
+        }
+#endif
+    for (; b < nb; b++)
+        attn_block_scores(q, hd, k_base + (size_t)table[b] * block_floats, bs, sc + (size_t)b * bs);
+
+    /* softmax (positions ascending) */
+    float maxv = -INFINITY;
+    for (int p = 0; p < n; p++) {
+        sc[p] *= scale;
+        if (sc[p] > maxv) maxv = sc[p];
+    }
+    float sum = 0.0f;
+    for (int p = 0; p < n; p++) {
+        sc[p] = expf(sc[p] - maxv);
+        sum += sc[p];
+    }
+    const float inv = 1.0f / sum;
+
+    /* out = sum_p e_p v_p / sum: one fused multiply-add per position in
+     * ascending p for every dimension, then the scaling */
+    int i = 0;
+#ifdef DOL_SIMD
+    while (i + DOL_SIMD <= hd) {
+        const int nv = (hd - i) / DOL_SIMD < 4 ? (hd - i) / DOL_SIMD : 4;
+        vecf o[4] = { v_zero(), v_zero(), v_zero(), v_zero() };
+        for (int p = 0; p < n; p++) {
+            const float *vp = v_base + (size_t)table[p / bs] * block_floats +
+                              (size_t)(p % bs) * v_stride + i;
+            vecf e = v_set1(sc[p]);
+            for (int j = 0; j < nv; j++) o[j] = v_fma(e, v_load(vp + j * DOL_SIMD), o[j]);
+        }
+        for (int j = 0; j < nv; j++) v_store(out + i + j * DOL_SIMD, v_mul(o[j], v_set1(inv)));
+        i += nv * DOL_SIMD;
+    }
+#endif
+    for (; i < hd; i++) {
+        float o = 0.0f;
+        for (int p = 0; p < n; p++)
+            o = fmaf(sc[p], v_base[(size_t)table[p / bs] * block_floats + (size_t)(p % bs) * v_stride + i], o);
+        out[i] = o * inv;
+    }
+}
+
 /* ---- the table ------------------------------------------------------------ */
 
 const dol_cpu_kernels DOL_CAT(dol_cpu_kernels_, DOL_CPU_VARIANT) = {
@@ -407,8 +604,10 @@ const dol_cpu_kernels DOL_CAT(dol_cpu_kernels_, DOL_CPU_VARIANT) = {
 #endif
     .dot = k_dot,
     .matmul_rows = k_matmul_rows,
+    .matmul_packed_rows = k_matmul_packed_rows,
     .nf4_rows = k_nf4_rows,
     .rmsnorm = k_rmsnorm,
     .rope = k_rope,
     .silu_mul = k_silu_mul,
+    .attn_head = k_attn_head,
 };

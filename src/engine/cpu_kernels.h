@@ -31,6 +31,9 @@
 #define DOLPHIN_ENGINE_CPU_KERNELS_H
 
 #include "dolphin/model.h"
+#include <stddef.h>
+#include <stdint.h>
+
 #include "engine/nf4.h"
 
 typedef struct dol_cpu_kernels {
@@ -51,6 +54,13 @@ typedef struct dol_cpu_kernels {
     void (*matmul_rows)(float *out, const float *x, int T, int K, const void *W,
                         dol_dtype wtype, int N, int n0, int n1);
 
+    /* The same product over W in the packed layout (below, dol_cpu_pack):
+     * out[t][n] = dot(x[t], row n of W, K) for t < T and n0 <= n < n1, with
+     * exactly the bits of matmul_rows over the row-major W. n0 must be a
+     * multiple of DOL_PACK_ROWS; N is the number of real rows. */
+    void (*matmul_packed_rows)(float *out, const float *x, int T, int K, const void *Wp,
+                               dol_dtype wtype, int N, int n0, int n1);
+
     /* The same over NF4 weights: out[t][n] for t < T and n0 <= n < n1, with
      * K = W->cols (even), N = W->rows the row stride of out. Order of each
      * element: the full 64-weight blocks in k order into the accumulator,
@@ -66,7 +76,63 @@ typedef struct dol_cpu_kernels {
     void (*rope)(float *x, int n_heads, int head_dim, const float *cos_row,
                  const float *sin_row);
     void (*silu_mul)(float *out, const float *gate, const float *up, int n);
+
+    /* Causal attention of one query head over positions 0..n-1 (n >= 1) of
+     * one sequence in the paged KV cache of the CPU backend (cpu_engine.c).
+     * Position p is row p % bs of block table[p / bs]; block b of the pool
+     * starts block_floats floats after block 0. Within a block the keys of
+     * the head are stored dims-major: k_base + b * block_floats + i * bs + r
+     * is dimension i of row r (i < head_dim, r < bs); the values rows-major:
+     * v_base + b * block_floats + r * v_stride + i.
+     *   s_p   = scale * (sum over i ascending of q[i] * k_p[i], one fused
+     *           multiply-add per i)
+     *   e_p   = expf(s_p - max_p s_p)
+     *   out[i] = (sum over p ascending of e_p * v_p[i], one fused
+     *            multiply-add per p) * (1 / sum over p ascending of e_p)
+     * (scaled dot-product attention, Vaswani et al. 2017, with the usual
+     * max subtraction). Every variant computes exactly these operations in
+     * this order, so the result is the same bits in every variant; the
+     * SIMD ones vectorize across positions (scores) and dimensions
+     * (values), never within one sum. The keys dims-major is what lets the
+     * scores of DOL_SIMD positions come from head_dim broadcast FMAs with
+     * no horizontal sums. scratch: at least n rounded up to bs floats;
+     * out: head_dim floats. Rows >= n of the last block may hold anything
+     * (they are read and ignored). */
+    void (*attn_head)(const float *q, int head_dim, int n, const float *k_base,
+                      const float *v_base, const int32_t *table, int bs, size_t block_floats,
+                      int v_stride, float scale, float *scratch, float *out);
 } dol_cpu_kernels;
+
+/* Packed weights. A decode step streams every weight once, so the product
+ * must read W as one sequential stream: W (N rows of K, row-major) is
+ * rearranged at load time into panels of DOL_PACK_ROWS rows (the register
+ * tile's height), panel p holding rows 4p .. 4p+3 in DOL_PACK_ROWS * K
+ * elements: first, for each chunk of DOL_PACK_K weights (k < Kc =
+ * K - K % DOL_PACK_K), the chunk of row 0, of row 1, of row 2, of row 3
+ * (4 * 16 consecutive elements); then the last K - Kc weights of rows 0..3,
+ * one row after the other. The rows after N in the last panel are zero. The
+ * same layout serves every variant (an 8-lane set reads a chunk as two
+ * vectors); element (n, k) is at dol_cpu_packed_index. */
+#define DOL_PACK_ROWS 4
+#define DOL_PACK_K 16
+
+static inline size_t dol_cpu_packed_index(int n, int k, int K)
+{
+    const int kc = K - K % DOL_PACK_K;
+    size_t base = (size_t)(n / DOL_PACK_ROWS) * DOL_PACK_ROWS * (size_t)K;
+    int r = n % DOL_PACK_ROWS;
+    if (k < kc)
+        return base + (size_t)(k / DOL_PACK_K) * DOL_PACK_ROWS * DOL_PACK_K +
+               (size_t)r * DOL_PACK_K + (size_t)(k % DOL_PACK_K);
+    return base + (size_t)kc * DOL_PACK_ROWS + (size_t)r * (K - kc) + (size_t)(k - kc);
+}
+
+/* Elements of the packed form of an N x K matrix (N rounded up to whole
+ * panels). */
+static inline size_t dol_cpu_packed_elems(int N, int K)
+{
+    return (size_t)((N + DOL_PACK_ROWS - 1) / DOL_PACK_ROWS) * DOL_PACK_ROWS * (size_t)K;
+}
 
 /* The tables (cpu_kernels.c). The avx2 / avx512 ones exist only where
  * CMake built those variants (x86-64); use dol_cpu_kernels_find. */

@@ -178,6 +178,150 @@ void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
     run_tasks(pool, &j);
 }
 
+/* ---- fused jobs: several products, residual add, SwiGLU ------------------ */
+
+enum { EPI_STORE, EPI_ADD, EPI_SWIGLU };
+
+typedef struct {
+    const dol_cpu_kernels *k;
+    const float *x;
+    int T, K;
+    int n_w;
+    const dol_cpu_weight *W[3];
+    float *out[3];
+    int rows[3], first_task[4]; /* rows per task; tasks of W[i] start at first_task[i] */
+    int epi;
+    float *acc;                 /* EPI_ADD: the residual stream; EPI_SWIGLU: h */
+} fused_job;
+
+static void rows_of(const fused_job *j, int i, float *out, int n0, int n1)
+{
+    const dol_cpu_weight *w = j->W[i];
+    if (w->nf4) j->k->nf4_rows(out, j->x, j->T, w->nf4, n0, n1);
+    else if (w->packed) j->k->matmul_packed_rows(out, j->x, j->T, j->K, w->w, w->wtype, w->N, n0, n1);
+    else j->k->matmul_rows(out, j->x, j->T, j->K, w->w, w->wtype, w->N, n0, n1);
+}
+
+static void fused_task(void *ctx, int task, int worker)
+{
+    (void)worker;
+    const fused_job *j = ctx;
+    int i = 0;
+    while (task >= j->first_task[i + 1]) i++;
+    const int N = j->W[i]->N;
+    int n0 = (task - j->first_task[i]) * j->rows[i];
+    int n1 = n0 + j->rows[i] < N ? n0 + j->rows[i] : N;
+    rows_of(j, i, j->out[i], n0, n1);
+    if (j->epi == EPI_ADD) {
+        for (int t = 0; t < j->T; t++) {
+            float *a = j->acc + (size_t)t * N;
+            const float *o = j->out[0] + (size_t)t * N;
+            for (int n = n0; n < n1; n++) a[n] += o[n];
+        }
+    } else if (j->epi == EPI_SWIGLU) {
+        rows_of(j, 1, j->out[1], n0, n1);
+        for (int t = 0; t < j->T; t++) {
+            size_t r = (size_t)t * N + (size_t)n0;
+            j->k->silu_mul(j->acc + r, j->out[0] + r, j->out[1] + r, n1 - n0);
+        }
+    }
+}
+
+/* Plan the tasks of a fused job over its first `n_plan` matrices and run it. */
+static void fused_run(dol_pool *pool, fused_job *j, int n_plan)
+{
+    j->first_task[0] = 0;
+    for (int i = 0; i < n_plan; i++) {
+        j->rows[i] = plan_rows_per_task(pool, j->T * (j->epi == EPI_SWIGLU ? 2 : 1), j->K,
+                                        j->W[i]->N * n_plan);
+        j->first_task[i + 1] = j->first_task[i] + (j->W[i]->N + j->rows[i] - 1) / j->rows[i];
+    }
+    int tasks = j->first_task[n_plan];
+    if (tasks <= 1 || !pool) {
+        for (int t = 0; t < tasks; t++) fused_task(j, t, 0);
+        return;
+    }
+    dol_pool_run(pool, fused_task, j, tasks);
+}
+
+void dol_cpu_matmul_multi(dol_pool *pool, const float *x, int T, int K,
+                          const dol_cpu_weight *W, float *const *out, int n_w)
+{
+    for (int i0 = 0; i0 < n_w; i0 += 3) {
+        fused_job j = { .k = dol_cpu_kernels_get(), .x = x, .T = T, .K = K, .epi = EPI_STORE };
+        j.n_w = n_w - i0 < 3 ? n_w - i0 : 3;
+        for (int i = 0; i < j.n_w; i++) {
+            j.W[i] = &W[i0 + i];
+            j.out[i] = out[i0 + i];
+        }
+        fused_run(pool, &j, j.n_w);
+    }
+}
+
+void dol_cpu_matmul_add(dol_pool *pool, float *acc, float *tmp, const float *x, int T, int K,
+                        const dol_cpu_weight *W)
+{
+    fused_job j = { .k = dol_cpu_kernels_get(), .x = x, .T = T, .K = K, .n_w = 1,
+                    .W = { W }, .out = { tmp }, .epi = EPI_ADD, .acc = acc };
+    fused_run(pool, &j, 1);
+}
+
+void dol_cpu_swiglu(dol_pool *pool, float *h, float *u_tmp, const float *x, int T, int K,
+                    const dol_cpu_weight *gate, const dol_cpu_weight *up)
+{
+    /* gate's output goes to h, then h = silu(h) * u in place (silu_mul may
+     * alias out and gate) */
+    fused_job j = { .k = dol_cpu_kernels_get(), .x = x, .T = T, .K = K, .n_w = 2,
+                    .W = { gate, up }, .out = { h, u_tmp }, .epi = EPI_SWIGLU, .acc = h };
+    fused_run(pool, &j, 1);
+}
+
+/* ---- packing -------------------------------------------------------------- */
+
+typedef struct {
+    void *dst;
+    dol_dtype dst_t, src_t;
+    const void *src;
+    int N, K;
+} pack_job;
+
+static float src_elem(const void *src, dol_dtype t, size_t i)
+{
+    if (t == DOL_DTYPE_F16) return dol_f16_to_f32(((const uint16_t *)src)[i]);
+    if (t == DOL_DTYPE_BF16) return dol_bf16_to_f32(((const uint16_t *)src)[i]);
+    return ((const float *)src)[i];
+}
+
+static void pack_task(void *ctx, int panel, int worker)
+{
+    (void)worker;
+    const pack_job *j = ctx;
+    for (int n = panel * DOL_PACK_ROWS; n < (panel + 1) * DOL_PACK_ROWS; n++)
+        for (int k = 0; k < j->K; k++) {
+            size_t d = dol_cpu_packed_index(n, k, j->K), s = (size_t)n * j->K + (size_t)k;
+            if (j->dst_t == j->src_t && j->dst_t != DOL_DTYPE_F32) { /* 16-bit copy, or zero padding */
+                ((uint16_t *)j->dst)[d] = n < j->N ? ((const uint16_t *)j->src)[s] : 0;
+                continue;
+            }
+            float f = n < j->N ? src_elem(j->src, j->src_t, s) : 0.0f;
+            if (j->dst_t == DOL_DTYPE_F32) ((float *)j->dst)[d] = f;
+            else ((uint16_t *)j->dst)[d] = dol_f32_to_f16(f);
+        }
+}
+
+int dol_cpu_pack(dol_pool *pool, void *dst, dol_dtype dst_t, const void *src, dol_dtype src_t,
+                 int N, int K)
+{
+    if (dst_t == DOL_DTYPE_BF16 && src_t != DOL_DTYPE_BF16) return -1;
+    if (dst_t != DOL_DTYPE_F32 && dst_t != DOL_DTYPE_F16 && dst_t != DOL_DTYPE_BF16) return -1;
+    pack_job j = { dst, dst_t, src_t, src, N, K };
+    int panels = (N + DOL_PACK_ROWS - 1) / DOL_PACK_ROWS;
+    if (pool && panels > 1) dol_pool_run(pool, pack_task, &j, panels);
+    else
+        for (int p = 0; p < panels; p++) pack_task(&j, p, 0);
+    return 0;
+}
+
 /* ---- element-wise kernels ------------------------------------------------ */
 
 void dol_cpu_rmsnorm(float *out, const float *x, const float *w, int n, float eps)

@@ -15,6 +15,7 @@
 #ifndef DOLPHIN_ENGINE_CPU_OPS_H
 #define DOLPHIN_ENGINE_CPU_OPS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "dolphin/model.h"
@@ -37,6 +38,48 @@ void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
  * dol_cpu_matmul's. Parallel over N on pool. */
 void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
                         const dol_nf4_matrix *W);
+
+/* A weight matrix of a linear layer as the matrix products read it: N rows
+ * (out_features) of K weights (in_features), either F32/F16/BF16 rows at w
+ * (nf4 == NULL) or NF4 (nf4 != NULL; w and wtype are then ignored). */
+typedef struct {
+    const void *w;
+    dol_dtype wtype;
+    const dol_nf4_matrix *nf4;
+    int N, K;
+    bool packed; /* w is in the packed layout of cpu_kernels.h (dol_cpu_pack) */
+} dol_cpu_weight;
+
+/* Rearrange W (N rows of K elements of dtype src_t, row-major) into the
+ * packed layout of cpu_kernels.h (panels of 4 rows, chunks of 16 weights) at
+ * dst, converting to dst_t on the way: F32 from F32/F16/BF16, F16 from
+ * F32/F16/BF16 (round to nearest even), BF16 from BF16 only. dst holds
+ * dol_cpu_packed_elems(N, K) elements of dst_t; the padding rows of the last
+ * panel are zeroed. Panels are spread over pool (NULL = this thread).
+ * Returns 0, or -1 for an unsupported conversion. */
+int dol_cpu_pack(dol_pool *pool, void *dst, dol_dtype dst_t, const void *src, dol_dtype src_t,
+                 int N, int K);
+
+/* Several products of one input in a single parallel job (one dispatch of
+ * the pool, the threads balancing over the rows of all of them):
+ * out[i][t][n] = sum_k x[t][k] * W[i].row n [k] for i < n_w (all W[i].K
+ * equal to K). Used for the Q, K and V projections. Each element is
+ * exactly what dol_cpu_matmul / dol_cpu_matmul_nf4 give. */
+void dol_cpu_matmul_multi(dol_pool *pool, const float *x, int T, int K,
+                          const dol_cpu_weight *W, float *const *out, int n_w);
+
+/* Residual product: acc[t][n] += (x W^T)[t][n], the product first written
+ * to tmp ([T][W->N] scratch) by the same task that then adds it, while it is
+ * in cache. Same bits as dol_cpu_matmul into tmp followed by the addition. */
+void dol_cpu_matmul_add(dol_pool *pool, float *acc, float *tmp, const float *x, int T, int K,
+                        const dol_cpu_weight *W);
+
+/* SwiGLU (Shazeer 2020) fused with its two products: h[t][n] =
+ * silu(g) * u, g = (x Wg^T)[t][n], u = (x Wu^T)[t][n], each task doing the
+ * columns it computed. h and u_tmp: [T][N] (N = gate->N = up->N). Same bits
+ * as the two products followed by dol_cpu_silu_mul. */
+void dol_cpu_swiglu(dol_pool *pool, float *h, float *u_tmp, const float *x, int T, int K,
+                    const dol_cpu_weight *gate, const dol_cpu_weight *up);
 
 /* Dot product of n floats x with n weights of dtype wtype; the exact
  * summation order used by dol_cpu_matmul. */

@@ -244,6 +244,31 @@ static void check_matmul_shape(const dol_cpu_kernels *const *v, int nv, int K, i
         if (memcmp(part, out, sizeof(float) * (size_t)T * N) != 0)
             fail_msg("%s [%s] K=%d N=%d T=%d: split rows at %d differ", dol_dtype_name(dt),
                      kv->name, K, N, T, m);
+        /* the packed layout: the same bits as row-major, over the whole
+         * matrix and over panel-aligned row ranges */
+        void *pk = malloc(dol_cpu_packed_elems(N, K) * esz);
+        assert_non_null(pk);
+        assert_int_equal(dol_cpu_pack(NULL, pk, dt, raw, dt, N, K), 0);
+        for (size_t e = 0; e < (size_t)T * N; e++) part[e] = sentinel;
+        int m4 = (m / DOL_PACK_ROWS) * DOL_PACK_ROWS;
+        kv->matmul_packed_rows(part, x, T, K, pk, dt, N, m4, N);
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < m4; n++) assert_true(same_bits(part[(size_t)t * N + n], sentinel));
+        kv->matmul_packed_rows(part, x, T, K, pk, dt, N, 0, m4);
+        if (memcmp(part, out, sizeof(float) * (size_t)T * N) != 0)
+            fail_msg("%s [%s] K=%d N=%d T=%d: packed product differs from row-major",
+                     dol_dtype_name(dt), kv->name, K, N, T);
+        /* converting while packing: F16 -> F32 packed equals F32 row-major */
+        if (dt == DOL_DTYPE_F16 && i == 0) {
+            float *pk32 = malloc(dol_cpu_packed_elems(N, K) * sizeof(float));
+            assert_non_null(pk32);
+            assert_int_equal(dol_cpu_pack(NULL, pk32, DOL_DTYPE_F32, raw, dt, N, K), 0);
+            for (int n = 0; n < N; n++)
+                for (int k = 0; k < K; k++)
+                    assert_true(same_bits(pk32[dol_cpu_packed_index(n, k, K)], wf[(size_t)n * K + k]));
+            free(pk32);
+        }
+        free(pk);
     }
     free(x);
     free(wf);
@@ -478,6 +503,78 @@ static void test_elementwise(void **state)
         }
 }
 
+/* ---- attention over paged KV blocks ------------------------------------------ */
+
+/* attn_head of every variant gives the same bits as the portable one (the
+ * contract fixes every operation and its order), on odd head sizes, block
+ * sizes and lengths, with the blocks of the sequence scattered in the pool
+ * and garbage in the unused rows; and it is within 1e-5 of a double-
+ * precision softmax attention. */
+static void test_attn_head(void **state)
+{
+    (void)state;
+    static const int hds[] = { 1, 7, 16, 33, 64, 128 };
+    static const int bss[] = { 16, 8, 5 };
+    static const int ns[] = { 1, 2, 15, 16, 17, 63, 64, 65, 100 };
+    const dol_cpu_kernels *v[N_NAMES];
+    int nv = supported_variants(v);
+    int cases = 0;
+    for (int hi = 0; hi < COUNT(hds); hi++)
+        for (int bi = 0; bi < COUNT(bss); bi++)
+            for (int ni = 0; ni < COUNT(ns); ni++) {
+                const int hd = hds[hi], bs = bss[bi], n = ns[ni];
+                const int kv_stride = hd + 3;            /* V rows of a wider KV head set */
+                const int nb = (n + bs - 1) / bs, pool_blocks = nb + 3;
+                const size_t block_floats = (size_t)bs * hd + (size_t)bs * kv_stride + 11;
+                float *pool = random_floats((size_t)pool_blocks * block_floats);
+                float *q = random_floats((size_t)hd);
+                int32_t *table = malloc(sizeof(int32_t) * nb);
+                assert_non_null(table);
+                for (int b = 0; b < nb; b++) table[b] = (int32_t)((b * 5 + 2) % pool_blocks);
+                const float *k_base = pool, *v_base = pool + (size_t)bs * hd;
+                const float scale = 1.0f / sqrtf((float)hd);
+
+                /* double-precision reference */
+                double *ref = calloc((size_t)hd, sizeof(double)), *sc = malloc(sizeof(double) * n);
+                assert_true(ref && sc);
+                double maxv = -INFINITY, sum = 0.0;
+                for (int p = 0; p < n; p++) {
+                    const float *kt = k_base + (size_t)table[p / bs] * block_floats;
+                    double d = 0.0;
+                    for (int i = 0; i < hd; i++) d += (double)q[i] * kt[(size_t)i * bs + p % bs];
+                    sc[p] = d * scale;
+                    if (sc[p] > maxv) maxv = sc[p];
+                }
+                for (int p = 0; p < n; p++) {
+                    sc[p] = exp(sc[p] - maxv);
+                    sum += sc[p];
+                }
+                for (int p = 0; p < n; p++) {
+                    const float *vr = v_base + (size_t)table[p / bs] * block_floats + (size_t)(p % bs) * kv_stride;
+                    for (int i = 0; i < hd; i++) ref[i] += sc[p] / sum * vr[i];
+                }
+
+                float *port = malloc(sizeof(float) * hd), *out = malloc(sizeof(float) * hd);
+                float *scratch = malloc(sizeof(float) * (size_t)nb * bs);
+                assert_true(port && out && scratch);
+                for (int vi = 0; vi < nv; vi++) {
+                    v[vi]->attn_head(q, hd, n, k_base, v_base, table, bs, block_floats, kv_stride,
+                                     scale, scratch, vi == 0 ? port : out);
+                    const float *got = vi == 0 ? port : out;
+                    for (int i = 0; i < hd; i++) {
+                        if (vi > 0 && !same_bits(out[i], port[i]))
+                            fail_msg("attn_head [%s] hd=%d bs=%d n=%d i=%d: %.9g, portable %.9g",
+                                     v[vi]->name, hd, bs, n, i, out[i], port[i]);
+                        check_close("attn_head", v[vi]->name, got[i], ref[i], 1.0, hd, n, i);
+                    }
+                }
+                cases++;
+                free(pool); free(q); free(table); free(ref); free(sc);
+                free(port); free(out); free(scratch);
+            }
+    print_message("  attn_head: %d shapes x %d variants\n", cases, nv);
+}
+
 /* ---- BF16 weights through the engine --------------------------------------- */
 
 /* stories260K with its linear layers turned into BF16: weights auto keeps
@@ -695,6 +792,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_matmul_through_pool),
         cmocka_unit_test(test_nf4_rows),
         cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_attn_head),
         cmocka_unit_test(test_engine_bf16_weights),
         cmocka_unit_test(test_find_and_set),
         cmocka_unit_test(test_env_override),
