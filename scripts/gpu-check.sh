@@ -93,25 +93,25 @@ step "engine benchmark"
 build-cuda/dol-bench-engine "$MODEL" --backend cuda --prompt 512 --decode 256 --batches 1,8 --threads 4 \
   > "$LOGDIR/bench.log" 2>&1 || { cat "$LOGDIR/bench.log"; die "dol-bench-engine failed"; }
 cat "$LOGDIR/bench.log"
-grep -q "^backend cuda" "$LOGDIR/bench.log" || die "the benchmark did not run on the CUDA backend"
+grep -q "| backend cuda" "$LOGDIR/bench.log" || die "the benchmark did not run on the CUDA backend"
 
 step "engine benchmark, weights nf4"
 build-cuda/dol-bench-engine "$MODEL" --backend cuda --weights nf4 --prompt 512 --decode 256 --batches 1,8 \
   --threads "$JOBS" > "$LOGDIR/bench-nf4.log" 2>&1 || { cat "$LOGDIR/bench-nf4.log"; die "dol-bench-engine --weights nf4 failed"; }
 cat "$LOGDIR/bench-nf4.log"
-grep -q "^backend cuda" "$LOGDIR/bench-nf4.log" || die "the nf4 benchmark did not run on the CUDA backend"
+grep -q "| backend cuda" "$LOGDIR/bench-nf4.log" || die "the nf4 benchmark did not run on the CUDA backend"
 
 READY_MS=$(sed -n 's/.*ready in \([0-9.]*\) ms.*/\1/p' "$LOGDIR/bench.log")
 WEIGHT_MIB=$(sed -n 's/.*weights \([0-9.]*\) MiB.*/\1/p' "$LOGDIR/bench.log")
-PREFILL=$(awk '$1 == "prefill" { print $3 }' "$LOGDIR/bench.log")
-DEC1=$(awk '$1 == "decode" && $2 == 1 { print $3 }' "$LOGDIR/bench.log")
-DEC8=$(awk '$1 == "decode" && $2 == 8 { print $3 }' "$LOGDIR/bench.log")
+PREFILL=$(awk '/^prefill tokens\/s @/ { print $NF; exit }' "$LOGDIR/bench.log")
+DEC1=$(awk '/^decode tokens\/s batch 1 / { print $NF }' "$LOGDIR/bench.log")
+DEC8=$(awk '/^decode tokens\/s batch 8 / { print $NF }' "$LOGDIR/bench.log")
 NF4_READY_MS=$(sed -n 's/.*ready in \([0-9.]*\) ms.*/\1/p' "$LOGDIR/bench-nf4.log")
 NF4_WEIGHT_MIB=$(sed -n 's/.*weights \([0-9.]*\) MiB.*/\1/p' "$LOGDIR/bench-nf4.log")
-NF4_PREFILL=$(awk '$1 == "prefill" { print $3 }' "$LOGDIR/bench-nf4.log")
-NF4_DEC1=$(awk '$1 == "decode" && $2 == 1 { print $3 }' "$LOGDIR/bench-nf4.log")
-NF4_DEC8=$(awk '$1 == "decode" && $2 == 8 { print $3 }' "$LOGDIR/bench-nf4.log")
-NF4_QUANT=$(sed -n 's/^quantized \(.*\)$/\1/p' "$LOGDIR/bench-nf4.log" | head -1)
+NF4_PREFILL=$(awk '/^prefill tokens\/s @/ { print $NF; exit }' "$LOGDIR/bench-nf4.log")
+NF4_DEC1=$(awk '/^decode tokens\/s batch 1 / { print $NF }' "$LOGDIR/bench-nf4.log")
+NF4_DEC8=$(awk '/^decode tokens\/s batch 8 / { print $NF }' "$LOGDIR/bench-nf4.log")
+NF4_QUANT=$(sed -n 's/.*; quantized \([^;]*\).*/\1/p' "$LOGDIR/bench-nf4.log" | head -1)
 GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo "unknown GPU")
 
 # Bytes read per decode step: every weight the engine holds except the
