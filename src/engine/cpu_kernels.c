@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifndef DOL_CPU_VARIANT
 #error "compile cpu_kernels.c with -DDOL_CPU_VARIANT=portable|avx2|avx512 (see CMakeLists.txt)"
@@ -54,6 +55,16 @@ static inline float v_sum(vecf v) { return _mm512_reduce_add_ps(v); }
 static inline vecf v_set1(float f) { return _mm512_set1_ps(f); }
 static inline vecf v_mul(vecf a, vecf b) { return _mm512_mul_ps(a, b); }
 static inline void v_store(float *p, vecf v) { _mm512_storeu_ps(p, v); }
+static inline vecf v_min(vecf a, vecf b) { return _mm512_min_ps(a, b); }
+static inline vecf v_max(vecf a, vecf b) { return _mm512_max_ps(a, b); }
+static inline vecf v_sub(vecf a, vecf b) { return _mm512_sub_ps(a, b); }
+static inline vecf v_round(vecf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* p * 2^n for integral n, by adding n to the exponent field (result normal) */
+static inline vecf v_scale2(vecf p, vecf n)
+{
+    __m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), e));
+}
 #elif DOL_VARIANT_ID == 2
 #if !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #error "the avx2 variant needs -mavx2 -mfma -mf16c"
@@ -73,6 +84,15 @@ static inline vecf v_fma(vecf a, vecf b, vecf c) { return _mm256_fmadd_ps(a, b, 
 static inline vecf v_set1(float f) { return _mm256_set1_ps(f); }
 static inline vecf v_mul(vecf a, vecf b) { return _mm256_mul_ps(a, b); }
 static inline void v_store(float *p, vecf v) { _mm256_storeu_ps(p, v); }
+static inline vecf v_min(vecf a, vecf b) { return _mm256_min_ps(a, b); }
+static inline vecf v_max(vecf a, vecf b) { return _mm256_max_ps(a, b); }
+static inline vecf v_sub(vecf a, vecf b) { return _mm256_sub_ps(a, b); }
+static inline vecf v_round(vecf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vecf v_scale2(vecf p, vecf n)
+{
+    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+}
 static inline float v_sum(vecf v)
 {
     __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -518,6 +538,52 @@ static void k_silu_mul(float *out, const float *gate, const float *up, int n)
     }
 }
 
+/* ---- exp for the softmax ---------------------------------------------------- */
+
+/* exp(x) for the softmax, x clamped to [-87, 88] (so the result is a normal
+ * float; exp(-87) = 1.6e-38 stands for anything smaller). Cody and Waite's
+ * range reduction x = n ln2 + r, |r| <= ln2/2 (ln2 split in a high part
+ * exact in float and a low part), e^r by its Taylor polynomial of degree 7
+ * in Horner form (truncation error < 7e-9 relative), then 2^n added to the
+ * exponent field. Within 2 ulp of expf. The scalar and vector forms perform
+ * the same operations (fused multiply-adds included), so every kernel set
+ * produces the same bits. */
+#define EXP_LO (-87.0f)
+#define EXP_HI 88.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO (-2.12194440e-4f)
+static const float exp_c[8] = { 1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+                                1.0f / 6.0f,    0.5f,           1.0f,           1.0f };
+
+static inline float exp_s(float x)
+{
+    x = fminf(fmaxf(x, EXP_LO), EXP_HI);
+    float n = nearbyintf(x * EXP_LOG2E);
+    float r = fmaf(n, -EXP_LN2_HI, x);
+    r = fmaf(n, -EXP_LN2_LO, r);
+    float p = exp_c[0];
+    for (int i = 1; i < 8; i++) p = fmaf(p, r, exp_c[i]);
+    uint32_t bits;
+    memcpy(&bits, &p, sizeof bits);
+    bits += (uint32_t)((int32_t)n * (1 << 23));
+    memcpy(&p, &bits, sizeof p);
+    return p;
+}
+
+#ifdef DOL_SIMD
+static inline vecf exp_v(vecf x)
+{
+    x = v_min(v_max(x, v_set1(EXP_LO)), v_set1(EXP_HI));
+    vecf n = v_round(v_mul(x, v_set1(EXP_LOG2E)));
+    vecf r = v_fma(n, v_set1(-EXP_LN2_HI), x);
+    r = v_fma(n, v_set1(-EXP_LN2_LO), r);
+    vecf p = v_set1(exp_c[0]);
+    for (int i = 1; i < 8; i++) p = v_fma(p, r, v_set1(exp_c[i]));
+    return v_scale2(p, n);
+}
+#endif
+
 /* ---- attention over the paged KV cache --------------------------------- */
 
 /* Scores of the positions of one block: s[r] = sum_i q[i] * kt[i*bs + r] for
@@ -580,17 +646,20 @@ static void k_attn_head(const float *q, int hd, int n, const float *k_base, cons
     for (; b < nb; b++)
         attn_block_scores(q, hd, k_base + (size_t)table[b] * block_floats, bs, sc + (size_t)b * bs);
 
-    /* softmax (positions ascending) */
+    /* softmax: scale, max, exp (exp_s / exp_v: the same bits), then the
+     * sum in ascending p */
     float maxv = -INFINITY;
     for (int p = 0; p < n; p++) {
         sc[p] *= scale;
         if (sc[p] > maxv) maxv = sc[p];
     }
+    int p = 0;
+#ifdef DOL_SIMD
+    for (; p + DOL_SIMD <= n; p += DOL_SIMD) v_store(sc + p, exp_v(v_sub(v_load(sc + p), v_set1(maxv))));
+#endif
+    for (; p < n; p++) sc[p] = exp_s(sc[p] - maxv);
     float sum = 0.0f;
-    for (int p = 0; p < n; p++) {
-        sc[p] = expf(sc[p] - maxv);
-        sum += sc[p];
-    }
+    for (p = 0; p < n; p++) sum += sc[p];
     const float inv = 1.0f / sum;
 
     /* out = sum_p e_p v_p / sum: one fused multiply-add per position in
