@@ -258,6 +258,10 @@ static void k_matmul_rows(float *out, const float *x, int T, int K, const void *
  * next panel). Every output follows k_dot's order exactly: the same vector
  * steps over k, the same tail. */
 #define PACK_PF_BYTES 1024
+#define PACK_STREAMS 2
+#ifndef PACK_DECODE_GROUPS
+#define PACK_DECODE_GROUPS 1
+#endif
 /* rows of x per register tile: 6 x 4 accumulators + 4 weights + 1 input
  * fit the 32 zmm registers; the 16 ymm of AVX2 take 3 x 4 */
 #if DOL_SIMD == 16
@@ -337,14 +341,35 @@ static void k_matmul_packed_rows(float *out, const float *x, int T, int K, const
      * PACK_CHUNK_BYTES; for each chunk, every group of four rows of x (in
      * L1) meets every panel of the chunk (streamed from memory for the first
      * group, from L2 for the others), so W is read from memory once. */
+    /* T rows in groups of at most PACK_XROWS, as even as possible (8 rows
+     * go as 4 + 4, not 6 + 2) */
+    const int groups = (T + PACK_XROWS - 1) / PACK_XROWS;
+    if (groups <= PACK_DECODE_GROUPS) {
+        /* decode-sized: each panel meets every group while it is in L1, so
+         * the arithmetic overlaps the stream of W from memory; the panels
+         * of the range are visited as PACK_STREAMS interleaved streams
+         * (more reads in flight than one sequential stream gets from the
+         * prefetchers) */
+        const int panels = (n1 - n0 + DOL_PACK_ROWS - 1) / DOL_PACK_ROWS;
+        const int per = (panels + PACK_STREAMS - 1) / PACK_STREAMS;
+        for (int i = 0; i < per; i++)
+            for (int st = 0; st < PACK_STREAMS; st++) {
+                const int pi = st * per + i;
+                if (pi >= panels) continue;
+                const int n = n0 + pi * DOL_PACK_ROWS;
+                for (int g = 0, t = 0; g < groups; g++) {
+                    const int nr = T / groups + (g < T % groups);
+                    tile[nr](x + (size_t)t * K, K, Wp, n, out + (size_t)t * N, N);
+                    t += nr;
+                }
+            }
+        return;
+    }
     const size_t panel_bytes = (size_t)DOL_PACK_ROWS * K * w_size(wt);
     int chunk = (int)(PACK_CHUNK_BYTES / panel_bytes) * DOL_PACK_ROWS;
     if (chunk < DOL_PACK_ROWS) chunk = DOL_PACK_ROWS;
     for (int c0 = n0; c0 < n1; c0 += chunk) {
         const int c1 = c0 + chunk < n1 ? c0 + chunk : n1;
-        /* T rows in groups of at most PACK_XROWS, as even as possible (8 rows
-         * go as 4 + 4, not 6 + 2) */
-        const int groups = (T + PACK_XROWS - 1) / PACK_XROWS;
         for (int g = 0, t = 0; g < groups; g++) {
             const int nr = T / groups + (g < T % groups);
             for (int n = c0; n < c1; n += DOL_PACK_ROWS)
