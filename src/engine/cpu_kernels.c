@@ -257,19 +257,26 @@ static void k_matmul_rows(float *out, const float *x, int T, int K, const void *
  * prefetching PACK_PF_BYTES ahead of the stream (which runs on into the
  * next panel). Every output follows k_dot's order exactly: the same vector
  * steps over k, the same tail. */
+/* Tuning, measured on the 2-vCPU AMD EPYC (Zen 5) VM with the 110m shape
+ * (scripts/bench, docs/performance.md); each was compared with its
+ * neighbours in alternating runs:
+ *   PACK_PF_BYTES     prefetch distance ahead of the stream (512..4096 alike)
+ *   PACK_STREAMS      interleaved streams per task when T <= PACK_STREAM_ROWS
+ *                     (2: +5..10 % at batch 1; 3 and 4 slower; and slower
+ *                     than the cache-blocked order from 3 rows of x on)
+ *   PACK_XROWS        rows of x per register tile: 6 x 4 accumulators + 4
+ *                     weights + 1 input fit the 32 zmm registers; the 16
+ *                     ymm of AVX2 take 3 x 4
+ *   PACK_CHUNK_BYTES  panels per cache block (32 KB..384 KB alike) */
 #define PACK_PF_BYTES 1024
 #define PACK_STREAMS 2
-#ifndef PACK_DECODE_GROUPS
-#define PACK_DECODE_GROUPS 1
-#endif
-/* rows of x per register tile: 6 x 4 accumulators + 4 weights + 1 input
- * fit the 32 zmm registers; the 16 ymm of AVX2 take 3 x 4 */
+#define PACK_STREAM_ROWS 2
 #if DOL_SIMD == 16
 #define PACK_XROWS 6
 #else
 #define PACK_XROWS 3
 #endif
-#define PACK_CHUNK_BYTES (192u * 1024u) /* a share of L2 (1 MiB on Zen 4/5, 2 MiB on recent Intel) */
+#define PACK_CHUNK_BYTES (192u * 1024u)
 #define DEFINE_PTILE(NR, DT, SUF)                                                           \
     static void ptile_##SUF##_##NR(const float *x, int K, const void *Wp, int n, float *out, \
                                    int N)                                                   \
@@ -344,7 +351,7 @@ static void k_matmul_packed_rows(float *out, const float *x, int T, int K, const
     /* T rows in groups of at most PACK_XROWS, as even as possible (8 rows
      * go as 4 + 4, not 6 + 2) */
     const int groups = (T + PACK_XROWS - 1) / PACK_XROWS;
-    if (groups <= PACK_DECODE_GROUPS) {
+    if (T <= PACK_STREAM_ROWS) {
         /* decode-sized: each panel meets every group while it is in L1, so
          * the arithmetic overlaps the stream of W from memory; the panels
          * of the range are visited as PACK_STREAMS interleaved streams
