@@ -373,6 +373,50 @@ static void attn_task(void *ctx, int task, int worker)
                        e->att + (size_t)t * e->q_dim + (size_t)h * hd);
 }
 
+/* ---- per-token steps ------------------------------------------------------ */
+
+/* The per-token work between the matrix products (RMSNorm, RoPE + the KV
+ * write), spread over the pool for prefill-sized batches: each token's
+ * result depends on that token alone, so the split changes no bits. */
+enum { TOK_NORM, TOK_ROPE_STORE };
+
+typedef struct {
+    cpu_engine *e;
+    int what, layer;
+    const float *norm_w;
+} tok_job;
+
+static void tok_task(void *ctx, int t, int worker)
+{
+    (void)worker;
+    const tok_job *j = ctx;
+    cpu_engine *e = j->e;
+    const dol_model_config *c = &e->c;
+    const int d = c->hidden_size;
+    if (j->what == TOK_NORM) {
+        dol_cpu_rmsnorm(e->xb + (size_t)t * d, e->x + (size_t)t * d, j->norm_w, d, c->rms_norm_eps);
+        return;
+    }
+    /* RoPE on q and k, then K/V into the sequence's block */
+    const int half = c->head_dim / 2, pos = e->tok_pos[t];
+    const float *cr = e->rope_cos + (size_t)pos * half, *sr = e->rope_sin + (size_t)pos * half;
+    dol_cpu_rope(e->q + (size_t)t * e->q_dim, c->n_heads, c->head_dim, cr, sr);
+    dol_cpu_rope(e->k + (size_t)t * e->kv_dim, c->n_kv_heads, c->head_dim, cr, sr);
+    const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
+    kv_store(e, s->table[pos / e->block_size], j->layer, pos % e->block_size,
+             e->k + (size_t)t * e->kv_dim, e->v + (size_t)t * e->kv_dim);
+}
+
+static void per_token(cpu_engine *e, int T, int what, int layer, const float *norm_w)
+{
+    tok_job j = { e, what, layer, norm_w };
+    if (T >= 16) {
+        dol_pool_run(e->pool, tok_task, &j, T);
+    } else {
+        for (int t = 0; t < T; t++) tok_task(&j, t, 0);
+    }
+}
+
 /* ---- the forward pass ---------------------------------------------------- */
 
 static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t errlen)
@@ -380,7 +424,6 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
     cpu_engine *e = impl;
     const dol_model_config *c = &e->c;
     const int d = c->hidden_size, f = c->intermediate_size;
-    const int half = c->head_dim / 2;
     const int T = a->T;
     const dol_batch_item *items = a->items;
     const int n_items = a->n_items;
@@ -397,23 +440,13 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
         layer_w *w = &e->L[l];
 
         /* Attention block: RMSNorm, Q/K/V projections */
-        for (int t = 0; t < T; t++)
-            dol_cpu_rmsnorm(e->xb + (size_t)t * d, e->x + (size_t)t * d, w->attn_norm, d, c->rms_norm_eps);
+        per_token(e, T, TOK_NORM, l, w->attn_norm);
         const dol_cpu_weight qkv[3] = { weight_of(&w->q), weight_of(&w->k), weight_of(&w->v) };
         float *const qkv_out[3] = { e->q, e->k, e->v };
         dol_cpu_matmul_multi(e->pool, e->xb, T, d, qkv, qkv_out, 3);
 
         /* RoPE on q and k, then K/V into the sequence's blocks */
-        for (int t = 0; t < T; t++) {
-            int pos = e->tok_pos[t];
-            const float *cr = e->rope_cos + (size_t)pos * half, *sr = e->rope_sin + (size_t)pos * half;
-            dol_cpu_rope(e->q + (size_t)t * e->q_dim, c->n_heads, c->head_dim, cr, sr);
-            dol_cpu_rope(e->k + (size_t)t * e->kv_dim, c->n_kv_heads, c->head_dim, cr, sr);
-            const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
-            int32_t blk = s->table[pos / e->block_size];
-            int row = pos % e->block_size;
-            kv_store(e, blk, l, row, e->k + (size_t)t * e->kv_dim, e->v + (size_t)t * e->kv_dim);
-        }
+        per_token(e, T, TOK_ROPE_STORE, l, NULL);
 
         /* Causal attention of every token over its own sequence */
         attn_job aj = { e, l, dol_cpu_kernels_get() };
@@ -424,8 +457,7 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
         dol_cpu_matmul_add(e->pool, e->x, e->xb, e->att, T, e->q_dim, &wo);
 
         /* MLP block: RMSNorm, SwiGLU (Shazeer 2020), residual */
-        for (int t = 0; t < T; t++)
-            dol_cpu_rmsnorm(e->xb + (size_t)t * d, e->x + (size_t)t * d, w->ffn_norm, d, c->rms_norm_eps);
+        per_token(e, T, TOK_NORM, l, w->ffn_norm);
         const dol_cpu_weight wg = weight_of(&w->gate), wu = weight_of(&w->up), wd = weight_of(&w->down);
         dol_cpu_swiglu(e->pool, e->hb, e->hb2, e->xb, T, d, &wg, &wu);
         dol_cpu_matmul_add(e->pool, e->x, e->xb, e->hb, T, f, &wd);

@@ -249,6 +249,39 @@ static void k_matmul_rows(float *out, const float *x, int T, int K, const void *
 }
 
 
+/* The horizontal sums of four accumulators at once, stored to out[0..3]:
+ * each is bit for bit v_sum of that accumulator. _mm512_reduce_add_ps (GCC)
+ * adds lanes i and i+8, then i and i+4 of that, then i and i+2, then the
+ * two left; the same pairs are added here with the four accumulators side
+ * by side (addition is commutative in IEEE arithmetic, so only the pairing
+ * matters), in 4 adds and 7 shuffles instead of 16 and 16. */
+#if DOL_SIMD == 16
+#define V_SUM4 1
+static inline void v_sum4(const vecf a[4], float *out)
+{
+    /* [a.lo256 | b.lo256] + [a.hi256 | b.hi256]: blocks (128-bit) of lanes i + (i+8) */
+    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a[0], a[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(a[0], a[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(a[2], a[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(a[2], a[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* one 128-bit block per accumulator: lanes i + (i+4) of the above */
+    __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+    /* within each block: lanes 0 + 2 and 1 + 3, then those two */
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
+    /* lane 0 of each block */
+    __m128 r = _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
+    _mm_storeu_ps(out, r);
+}
+#elif defined(DOL_SIMD)
+#define V_SUM4 0
+static inline void v_sum4(const vecf a[4], float *out)
+{
+    for (int c = 0; c < 4; c++) out[c] = v_sum(a[c]);
+}
+#endif
+
 /* ---- matrix product over packed weights ---------------------------------- */
 
 #ifdef DOL_SIMD
@@ -312,6 +345,11 @@ static void k_matmul_rows(float *out, const float *x, int T, int K, const void *
                 for (int r = 0; r < NR; r++)                                                \
                     acc[r][c] = v_fma(v_load(x + (size_t)r * K + k), w, acc[r][c]);         \
             }                                                                               \
+        if (V_SUM4 && k == K && n + DOL_PACK_ROWS <= N) { /* no scalar tail, full panel */   \
+            for (int r = 0; r < NR; r++)                                                    \
+                v_sum4(acc[r], out + (size_t)r * N + n);                                    \
+            return;                                                                         \
+        }                                                                                   \
         for (int r = 0; r < NR; r++)                                                        \
             for (int c = 0; c < DOL_PACK_ROWS && n + c < N; c++) {                          \
                 float s = v_sum(acc[r][c]);                                                 \
