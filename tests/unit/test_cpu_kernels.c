@@ -41,7 +41,7 @@ static const char *const g_names[] = { "portable", "avx2", "avx512" };
 
 static const int g_K[] = { 1, 3, 7, 15, 17, 31, 33, 63, 64, 65, 127, 129, 767, 770 };
 static const int g_N[] = { 1, 3, 5, 13 };
-static const int g_T[] = { 1, 2, 3, 4, 5, 7, 9 };
+static const int g_T[] = { 1, 2, 3, 4, 5, 7, 9, 13, 20 };
 static const dol_dtype g_dtypes[] = { DOL_DTYPE_F32, DOL_DTYPE_F16, DOL_DTYPE_BF16 };
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -292,6 +292,44 @@ static void test_matmul_rows(void **state)
                     shapes++;
                 }
     print_message("  matmul_rows: %d shapes x %d variants\n", shapes, nv);
+}
+
+/* Packed products over matrices big enough for several cache blocks and
+ * both visiting orders (interleaved streams at 1-2 rows of x, cache-blocked
+ * chunks from 3 rows on): the same bits as the row-major product, for every
+ * variant, dtype and a task split at an arbitrary panel. */
+static void test_packed_large(void **state)
+{
+    (void)state;
+    static const int Ts[] = { 1, 2, 3, 8, 13, 31 };
+    const dol_cpu_kernels *v[N_NAMES];
+    int nv = supported_variants(v);
+    const int K = 1040, N = 301; /* K % 16 == 0, N % 4 == 1 */
+    for (int d = 0; d < COUNT(g_dtypes); d++) {
+        dol_dtype dt = g_dtypes[d];
+        void *raw;
+        float *wf = random_weights((size_t)N * K, dt, &raw);
+        size_t esz = dol_dtype_size(dt);
+        void *pk = malloc(dol_cpu_packed_elems(N, K) * esz);
+        assert_non_null(pk);
+        assert_int_equal(dol_cpu_pack(NULL, pk, dt, raw, dt, N, K), 0);
+        for (int ti = 0; ti < COUNT(Ts); ti++) {
+            const int T = Ts[ti];
+            float *x = random_floats((size_t)T * K);
+            float *a = malloc(sizeof(float) * (size_t)T * N), *b = malloc(sizeof(float) * (size_t)T * N);
+            assert_true(a && b);
+            for (int i = 0; i < nv; i++) {
+                v[i]->matmul_rows(a, x, T, K, raw, dt, N, 0, N);
+                v[i]->matmul_packed_rows(b, x, T, K, pk, dt, N, 0, 120);
+                v[i]->matmul_packed_rows(b, x, T, K, pk, dt, N, 120, N);
+                if (memcmp(a, b, sizeof(float) * (size_t)T * N) != 0)
+                    fail_msg("packed %s [%s] K=%d N=%d T=%d differs from row-major", dol_dtype_name(dt),
+                             v[i]->name, K, N, T);
+            }
+            free(x); free(a); free(b);
+        }
+        free(pk); free(wf); free(raw);
+    }
 }
 
 /* dol_cpu_matmul (thread pool, task split) gives the bits of the selected
@@ -789,6 +827,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tables),
         cmocka_unit_test(test_dot),
         cmocka_unit_test(test_matmul_rows),
+        cmocka_unit_test(test_packed_large),
         cmocka_unit_test(test_matmul_through_pool),
         cmocka_unit_test(test_nf4_rows),
         cmocka_unit_test(test_elementwise),
