@@ -103,7 +103,7 @@ static const field FIELDS[] = {
     { .name = "backend", .type = F_ENUM, AT(backend), .choices = "auto|cpu|cuda",
       .def = "auto", .help = "compute backend; auto = CUDA when a device is usable" },
     { .name = "weights", .type = F_ENUM, AT(weights), .choices = "auto|f32|f16|nf4",
-      .def = "auto", .help = "weight format; auto = f16 on CUDA, f32 on the CPU" },
+      .def = "auto", .help = "weight format; auto = f16 on CUDA, the checkpoint's own dtype (f32/f16/bf16) on the CPU" },
     { .name = "quantize_lm_head", .type = F_BOOL, AT(quantize_lm_head), .def = "true",
       .help = "with weights nf4, quantize lm_head too (false keeps it in 16/32 bits)" },
     { .name = "context_len", .type = F_INT, AT(context_len), .min = 0, .max = NONE,

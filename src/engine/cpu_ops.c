@@ -182,6 +182,8 @@ void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
 
 enum { EPI_STORE, EPI_ADD, EPI_SWIGLU };
 
+#define FUSED_MAX_TASKS 256
+
 typedef struct {
     const dol_cpu_kernels *k;
     const float *x;
@@ -189,7 +191,9 @@ typedef struct {
     int n_w;
     const dol_cpu_weight *W[3];
     float *out[3];
-    int rows[3], first_task[4]; /* rows per task; tasks of W[i] start at first_task[i] */
+    int n_tasks;                /* task t: rows [t_n0, t_n1) of W[t_w] */
+    uint8_t t_w[FUSED_MAX_TASKS];
+    int t_n0[FUSED_MAX_TASKS], t_n1[FUSED_MAX_TASKS];
     int epi;
     float *acc;                 /* EPI_ADD: the residual stream; EPI_SWIGLU: h */
 } fused_job;
@@ -206,11 +210,7 @@ static void fused_task(void *ctx, int task, int worker)
 {
     (void)worker;
     const fused_job *j = ctx;
-    int i = 0;
-    while (task >= j->first_task[i + 1]) i++;
-    const int N = j->W[i]->N;
-    int n0 = (task - j->first_task[i]) * j->rows[i];
-    int n1 = n0 + j->rows[i] < N ? n0 + j->rows[i] : N;
+    const int i = j->t_w[task], N = j->W[i]->N, n0 = j->t_n0[task], n1 = j->t_n1[task];
     rows_of(j, i, j->out[i], n0, n1);
     if (j->epi == EPI_ADD) {
         for (int t = 0; t < j->T; t++) {
@@ -227,21 +227,45 @@ static void fused_task(void *ctx, int task, int worker)
     }
 }
 
-/* Plan the tasks of a fused job over its first `n_plan` matrices and run it. */
+/* Plan the tasks of a fused job over the rows of its first `n_plan`
+ * matrices, taken in order as one row space, and run it. Guided sizes: each
+ * task takes 1/(2 x threads) of the rows still unassigned (whole 4-row
+ * panels, at least 8 rows, never across two matrices), so the first tasks
+ * are long (long sequential streams of W) and the last ones short (the
+ * threads finish together). Small products run inline as one task per
+ * matrix. */
 static void fused_run(dol_pool *pool, fused_job *j, int n_plan)
 {
-    j->first_task[0] = 0;
+    const int threads = pool ? dol_pool_threads(pool) : 1;
+    int total = 0;
+    for (int i = 0; i < n_plan; i++) total += j->W[i]->N;
+    const double work = (double)j->T * j->K * total * (j->epi == EPI_SWIGLU ? 2 : 1);
+    const bool split = threads > 1 && work >= 65536.0;
+    int n = 0, left = total;
     for (int i = 0; i < n_plan; i++) {
-        j->rows[i] = plan_rows_per_task(pool, j->T * (j->epi == EPI_SWIGLU ? 2 : 1), j->K,
-                                        j->W[i]->N * n_plan);
-        j->first_task[i + 1] = j->first_task[i] + (j->W[i]->N + j->rows[i] - 1) / j->rows[i];
+        const int N = j->W[i]->N;
+        for (int r = 0; r < N;) {
+            int size = N - r;
+            if (split && n < FUSED_MAX_TASKS - n_plan) {
+                int want = (left + 2 * threads - 1) / (2 * threads);
+                want = (want + 3) & ~3;
+                if (want < 8) want = 8;
+                if (want < size) size = want;
+            }
+            j->t_w[n] = (uint8_t)i;
+            j->t_n0[n] = r;
+            j->t_n1[n] = r + size;
+            n++;
+            r += size;
+            left -= size;
+        }
     }
-    int tasks = j->first_task[n_plan];
-    if (tasks <= 1 || !pool) {
-        for (int t = 0; t < tasks; t++) fused_task(j, t, 0);
+    j->n_tasks = n;
+    if (n <= 1 || !pool || !split) {
+        for (int t = 0; t < n; t++) fused_task(j, t, 0);
         return;
     }
-    dol_pool_run(pool, fused_task, j, tasks);
+    dol_pool_run(pool, fused_task, j, n);
 }
 
 void dol_cpu_matmul_multi(dol_pool *pool, const float *x, int T, int K,
