@@ -58,6 +58,8 @@ static inline void v_store(float *p, vecf v) { _mm512_storeu_ps(p, v); }
 static inline vecf v_min(vecf a, vecf b) { return _mm512_min_ps(a, b); }
 static inline vecf v_max(vecf a, vecf b) { return _mm512_max_ps(a, b); }
 static inline vecf v_sub(vecf a, vecf b) { return _mm512_sub_ps(a, b); }
+static inline vecf v_add(vecf a, vecf b) { return _mm512_add_ps(a, b); }
+static inline vecf v_div(vecf a, vecf b) { return _mm512_div_ps(a, b); }
 static inline vecf v_round(vecf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 /* p * 2^n for integral n, by adding n to the exponent field (result normal) */
 static inline vecf v_scale2(vecf p, vecf n)
@@ -87,6 +89,8 @@ static inline void v_store(float *p, vecf v) { _mm256_storeu_ps(p, v); }
 static inline vecf v_min(vecf a, vecf b) { return _mm256_min_ps(a, b); }
 static inline vecf v_max(vecf a, vecf b) { return _mm256_max_ps(a, b); }
 static inline vecf v_sub(vecf a, vecf b) { return _mm256_sub_ps(a, b); }
+static inline vecf v_add(vecf a, vecf b) { return _mm256_add_ps(a, b); }
+static inline vecf v_div(vecf a, vecf b) { return _mm256_div_ps(a, b); }
 static inline vecf v_round(vecf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 static inline vecf v_scale2(vecf p, vecf n)
 {
@@ -600,13 +604,7 @@ static void k_rope(float *x, int n_heads, int head_dim, const float *cos_row,
     }
 }
 
-static void k_silu_mul(float *out, const float *gate, const float *up, int n)
-{
-    for (int i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
-}
+
 
 /* ---- exp for the softmax ---------------------------------------------------- */
 
@@ -653,6 +651,25 @@ static inline vecf exp_v(vecf x)
     return v_scale2(p, n);
 }
 #endif
+
+/* out[i] = silu(gate[i]) * up[i] = gate / (1 + exp(-gate)) * up, with the
+ * softmax's exp (exp_s / exp_v: the same bits in every kernel set). */
+static void k_silu_mul(float *out, const float *gate, const float *up, int n)
+{
+    int i = 0;
+#ifdef DOL_SIMD
+    const vecf one = v_set1(1.0f);
+    for (; i + DOL_SIMD <= n; i += DOL_SIMD) {
+        vecf g = v_load(gate + i);
+        vecf e = exp_v(v_sub(v_zero(), g));
+        v_store(out + i, v_mul(v_div(g, v_add(one, e)), v_load(up + i)));
+    }
+#endif
+    for (; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + exp_s(0.0f - g)) * up[i];
+    }
+}
 
 /* ---- attention over the paged KV cache --------------------------------- */
 
