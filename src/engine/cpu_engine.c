@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "engine/cpu_kernels.h"
 #include "engine/cpu_ops.h"
@@ -20,6 +21,7 @@
 #include "engine/threadpool.h"
 
 #define LOGIT_ROWS_CHUNK 64
+#define HUGE_PAGE ((size_t)2 << 20)
 
 /* A linear layer as the matmul reads it: an F32/F16 matrix (w), or, with
  * weights nf4, 4-bit codes and F16 block scales (q; w keeps the shape). */
@@ -84,7 +86,14 @@ static void *own(cpu_engine *e, size_t bytes)
         e->cap_owned = cap;
     }
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    /* Weight buffers of 2 MiB and more: 2 MiB-aligned and offered to the
+     * kernel for transparent huge pages, so that streaming them each step
+     * walks 512 x fewer pages (a hint: without THP they stay 4 KiB pages) */
+    size_t align = bytes >= HUGE_PAGE ? HUGE_PAGE : 64;
+    if (posix_memalign(&p, align, bytes ? bytes : 64) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    if (align == HUGE_PAGE) (void)madvise(p, bytes & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
+#endif
     e->owned[e->n_owned++] = p;
     return p;
 }
