@@ -47,21 +47,8 @@ static const dol_dtype g_dtypes[] = { DOL_DTYPE_F32, DOL_DTYPE_F16, DOL_DTYPE_BF
 
 /* ---- helpers ------------------------------------------------------------- */
 
-static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-
-static double uniform(void) /* xorshift64*, in [0, 1) */
-{
-    g_rng ^= g_rng >> 12;
-    g_rng ^= g_rng << 25;
-    g_rng ^= g_rng >> 27;
-    return (double)((g_rng * 2685821657736338717ull) >> 11) / 9007199254740992.0;
-}
-
-static float gaussian(void) /* Box-Muller */
-{
-    double u = uniform(), v = uniform();
-    return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(2.0 * M_PI * v));
-}
+#define TEST_RNG_SEED 0x2545F4914F6CDD1Dull
+#include "test_random.h"
 
 static float *random_floats(size_t n)
 {

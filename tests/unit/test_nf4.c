@@ -31,21 +31,8 @@ static char g_shared[1024];
 
 /* ---- helpers ------------------------------------------------------------- */
 
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-
-static double uniform(void) /* xorshift64*, in [0, 1) */
-{
-    g_rng ^= g_rng >> 12;
-    g_rng ^= g_rng << 25;
-    g_rng ^= g_rng >> 27;
-    return (double)((g_rng * 2685821657736338717ull) >> 11) / 9007199254740992.0;
-}
-
-static float gaussian(void) /* Box-Muller */
-{
-    double u = uniform(), v = uniform();
-    return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(2.0 * M_PI * v));
-}
+#define TEST_RNG_SEED 0x9E3779B97F4A7C15ull
+#include "test_random.h"
 
 typedef struct {
     dol_nf4_matrix q;
