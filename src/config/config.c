@@ -369,6 +369,9 @@ static int set_field(dol_config *c, const field *f, const char *val, char *prob,
             dol_set_err(prob, plen, "not a number: %s", val);
             return -1;
         }
+        /* a float field is checked as it will be stored: 5e-94 is > 0 as a
+         * double but 0 as a float (found by tests/fuzz/fuzz_config) */
+        if (f->type == F_FLOAT) v = (double)(float)v;
         if (!in_range(f, v)) { dol_set_err(prob, plen, "out of range: %s (%s)", val, range); return -1; }
         if (f->type == F_FLOAT) *(float *)(void *)dst = (float)v;
         else *(double *)(void *)dst = v;

@@ -344,6 +344,8 @@ static const struct { const char *text, *want; } BAD_YAML[] = {
     { "temperature: warm\n", ":1: field temperature: not a number: warm" },
     { "temperature: .nan\n", ":1: field temperature: not a number: .nan" },
     { "top_p: 0\n", ":1: field top_p: out of range: 0 (must be > 0 and <= 1)" },
+    /* > 0 as a double, 0 as the float it is stored in (fuzz_config) */
+    { "top_p: 5e-94\n", ":1: field top_p: out of range: 5e-94 (must be > 0 and <= 1)" },
     { "top_k: -1\n", ":1: field top_k: out of range: -1 (must be >= 0)" },
     { "max_tokens: 0\n", ":1: field max_tokens: out of range: 0 (must be >= 1)" },
     { "batch_window_ms: 60001\n", ":1: field batch_window_ms: out of range: 60001" },
