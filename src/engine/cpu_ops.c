@@ -114,76 +114,14 @@ float dol_cpu_dot(const float *x, const void *w, dol_dtype wtype, int n)
     return dol_cpu_kernels_get()->dot(x, w, wtype, n);
 }
 
-/* One call's job; k is read once per call, so every task of a call uses the
- * same kernel set even if dol_cpu_kernels_set runs meanwhile. */
-typedef struct {
-    const dol_cpu_kernels *k;
-    float *out;
-    const float *x;
-    int T, K, N;
-    const void *W;
-    dol_dtype wt;
-    const dol_nf4_matrix *q;
-    int rows_per_task;
-} matmul_job;
-
-static void matmul_task(void *ctx, int task, int worker)
-{
-    (void)worker;
-    const matmul_job *j = ctx;
-    int n0 = task * j->rows_per_task;
-    int n1 = n0 + j->rows_per_task;
-    if (n1 > j->N) n1 = j->N;
-    if (j->q) j->k->nf4_rows(j->out, j->x, j->T, j->q, n0, n1);
-    else j->k->matmul_rows(j->out, j->x, j->T, j->K, j->W, j->wt, j->N, n0, n1);
-}
-
-/* Rows of W per task: whole 4-row tiles; enough tasks to balance the
- * workers, few enough that scheduling stays cheap; tiny products run
- * inline (one task). */
-static int plan_rows_per_task(const dol_pool *pool, int T, int K, int N)
-{
-    int threads = pool ? dol_pool_threads(pool) : 1;
-    double work = (double)T * K * N;
-    int tasks = (work < 65536.0 || threads == 1) ? 1 : threads * 8;
-    int rows = (N + tasks - 1) / tasks;
-    rows = (rows + 3) & ~3;
-    return rows < 4 ? 4 : rows;
-}
-
-static void run_tasks(dol_pool *pool, matmul_job *j)
-{
-    int tasks = (j->N + j->rows_per_task - 1) / j->rows_per_task;
-    if (tasks <= 1 || !pool) {
-        for (int t = 0; t < tasks; t++) matmul_task(j, t, 0);
-        return;
-    }
-    dol_pool_run(pool, matmul_task, j, tasks);
-}
-
-void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
-                    const void *W, dol_dtype wtype, int N)
-{
-    matmul_job j = { dol_cpu_kernels_get(), out, x, T, K, N, W, wtype, NULL,
-                     plan_rows_per_task(pool, T, K, N) };
-    run_tasks(pool, &j);
-}
-
-void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
-                        const dol_nf4_matrix *W)
-{
-    int K = (int)W->cols, N = (int)W->rows;
-    matmul_job j = { dol_cpu_kernels_get(), out, x, T, K, N, NULL, DOL_DTYPE_F32, W,
-                     plan_rows_per_task(pool, T, K, N) };
-    run_tasks(pool, &j);
-}
-
 /* ---- fused jobs: several products, residual add, SwiGLU ------------------ */
 
 enum { EPI_STORE, EPI_ADD, EPI_SWIGLU };
 
 #define FUSED_MAX_TASKS 256
 
+/* One call's job; k is read once per call, so every task of a call uses the
+ * same kernel set even if dol_cpu_kernels_set runs meanwhile. */
 typedef struct {
     const dol_cpu_kernels *k;
     const float *x;
@@ -280,6 +218,22 @@ void dol_cpu_matmul_multi(dol_pool *pool, const float *x, int T, int K,
         }
         fused_run(pool, &j, j.n_w);
     }
+}
+
+/* The plain products are fused jobs of one matrix: one task planner for
+ * every product. */
+void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
+                    const void *W, dol_dtype wtype, int N)
+{
+    const dol_cpu_weight w = { W, wtype, NULL, N, K, false };
+    dol_cpu_matmul_multi(pool, x, T, K, &w, &out, 1);
+}
+
+void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
+                        const dol_nf4_matrix *W)
+{
+    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, W, (int)W->rows, (int)W->cols, false };
+    dol_cpu_matmul_multi(pool, x, T, w.K, &w, &out, 1);
 }
 
 void dol_cpu_matmul_add(dol_pool *pool, float *acc, float *tmp, const float *x, int T, int K,
