@@ -5,8 +5,12 @@
  * several prompt lengths, decode tokens/s at several batch sizes (one forward
  * call per step over all sequences), and optionally a decode sweep over a
  * range of batch sizes as a two-column block for gnuplot. Prints one aligned
- * table (or a Markdown table). scripts/bench and scripts/bench-decode wrap it.
- * No assertion on time anywhere. */
+ * table (or a Markdown table). On the CPU backend the share of the roofline
+ * is given twice: the best decode run against the best probe pass, and the
+ * median over decode runs each taken right after its own probe pass (the
+ * steadier figure where neighbours move the bandwidth, see decode_tps).
+ * scripts/bench and scripts/bench-decode wrap it. No assertion on time
+ * anywhere. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -174,15 +178,30 @@ static int cpu_ticks(unsigned long long *machine, unsigned long long *self)
  * (about 3 %). A read loop this cheap is limited by memory, not by the
  * instructions. */
 #define PROBE_PASSES 5
+#define MAX_REPEAT 1000
 #define PROBE_STREAMS 4
 #define PROBE_LANES 8
 
+/* The probe's threads stay up between passes, so that a pass can be taken
+ * right before each timed decode run (main: the paired roofline). */
+typedef struct probe probe;
+
 typedef struct {
+    probe *pr;
     uint64_t *p;
     size_t n_words;        /* a multiple of PROBE_STREAMS * PROBE_LANES */
-    pthread_barrier_t *bar;
     uint64_t sink;         /* this thread's sums */
 } probe_arg;
+
+struct probe {
+    int threads;
+    size_t bytes;
+    uint64_t *buf;
+    pthread_barrier_t bar;
+    pthread_t *tid;
+    probe_arg *args;
+    bool quit;             /* read by the threads after a start barrier */
+};
 
 /* The sums end here, so the compiler cannot drop the reads. */
 static volatile uint64_t probe_sink;
@@ -203,11 +222,14 @@ static void *probe_thread(void *v)
 {
     probe_arg *a = v;
     for (size_t i = 0; i < a->n_words; i++) a->p[i] = i; /* first touch, by this thread */
-    pthread_barrier_wait(a->bar);                       /* touched */
-    for (int pass = 0; pass < PROBE_PASSES; pass++) {
-        pthread_barrier_wait(a->bar);                   /* start */
+    pthread_barrier_wait(&a->pr->bar);                  /* touched */
+    for (;;) {
+        pthread_barrier_wait(&a->pr->bar);              /* start (or quit) */
+        if (a->pr->quit) break;
+        a->sink += read_sum(a->p, a->n_words / 4 / (PROBE_STREAMS * PROBE_LANES) * (PROBE_STREAMS * PROBE_LANES)); /* untimed: wakes the CPU */
+        pthread_barrier_wait(&a->pr->bar);              /* timing starts */
         a->sink += read_sum(a->p, a->n_words);
-        pthread_barrier_wait(a->bar);                   /* done */
+        pthread_barrier_wait(&a->pr->bar);              /* done */
     }
     return NULL;
 }
@@ -219,53 +241,85 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Best-of-PROBE_PASSES read bandwidth in GB/s over `bytes`, or -1 with one
- * line on stderr. */
-static double probe_bandwidth(int threads, size_t bytes)
+/* Map and touch about `bytes` (split over `threads` threads, which stay
+ * parked on a barrier). NULL with one line on stderr. */
+static probe *probe_open(int threads, size_t bytes)
 {
+    probe *pr = calloc(1, sizeof *pr);
+    if (!pr) {
+        fprintf(stderr, "bench_engine: bandwidth probe: out of memory\n");
+        return NULL;
+    }
     size_t share = bytes / sizeof(uint64_t) / (size_t)threads;
     share -= share % (PROBE_STREAMS * PROBE_LANES);
-    bytes = share * sizeof(uint64_t) * (size_t)threads;
-    uint64_t *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (buf == MAP_FAILED) {
-        fprintf(stderr, "bench_engine: bandwidth probe: cannot map %zu bytes\n", bytes);
-        return -1;
+    pr->threads = threads;
+    pr->bytes = share * sizeof(uint64_t) * (size_t)threads;
+    pr->buf = mmap(NULL, pr->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (pr->buf == MAP_FAILED) {
+        fprintf(stderr, "bench_engine: bandwidth probe: cannot map %zu bytes\n", pr->bytes);
+        free(pr);
+        return NULL;
     }
-    pthread_barrier_t bar;
-    pthread_barrier_init(&bar, NULL, (unsigned)threads + 1);
-    pthread_t *tid = calloc((size_t)threads, sizeof *tid);
-    probe_arg *args = calloc((size_t)threads, sizeof *args);
-    if (!tid || !args) {
+    pthread_barrier_init(&pr->bar, NULL, (unsigned)threads + 1);
+    pr->tid = calloc((size_t)threads, sizeof *pr->tid);
+    pr->args = calloc((size_t)threads, sizeof *pr->args);
+    if (!pr->tid || !pr->args) {
         fprintf(stderr, "bench_engine: bandwidth probe: out of memory\n");
         exit(1);
     }
     for (int t = 0; t < threads; t++) {
-        args[t] = (probe_arg){ buf + (size_t)t * share, share, &bar, 0 };
-        if (pthread_create(&tid[t], NULL, probe_thread, &args[t]) != 0) {
+        pr->args[t] = (probe_arg){ pr, pr->buf + (size_t)t * share, share, 0 };
+        if (pthread_create(&pr->tid[t], NULL, probe_thread, &pr->args[t]) != 0) {
             fprintf(stderr, "bench_engine: bandwidth probe: cannot start thread %d\n", t);
             exit(1);
         }
     }
-    pthread_barrier_wait(&bar); /* every share touched */
-    double best = 1e300;
-    for (int pass = 0; pass < PROBE_PASSES; pass++) {
-        pthread_barrier_wait(&bar);
-        double t0 = now_s();
-        pthread_barrier_wait(&bar);
-        double dt = now_s() - t0;
-        if (dt < best) best = dt;
-    }
+    pthread_barrier_wait(&pr->bar); /* every share touched */
+    return pr;
+}
+
+/* One pass over the whole buffer: GB/s (1e9 bytes/s), timed from the
+ * release of the threads to the end of the last one. */
+static double probe_pass(probe *pr)
+{
+    /* let the engine's pool workers finish spinning and sleep first (on a
+     * 2-CPU machine a third runnable thread would time-slice the probe) */
+    nanosleep(&(struct timespec){ 0, 1000 * 1000 }, NULL);
+    pthread_barrier_wait(&pr->bar);
+    pthread_barrier_wait(&pr->bar); /* after a short untimed read that wakes the CPUs up */
+    double t0 = now_s();
+    pthread_barrier_wait(&pr->bar);
+    return (double)pr->bytes / (now_s() - t0) / 1e9;
+}
+
+static void probe_close(probe *pr)
+{
+    if (!pr) return;
+    pr->quit = true;
+    pthread_barrier_wait(&pr->bar);
     uint64_t sink = 0;
-    for (int t = 0; t < threads; t++) {
-        pthread_join(tid[t], NULL);
-        sink ^= args[t].sink;
+    for (int t = 0; t < pr->threads; t++) {
+        pthread_join(pr->tid[t], NULL);
+        sink ^= pr->args[t].sink;
     }
-    pthread_barrier_destroy(&bar);
-    free(tid);
-    free(args);
-    munmap(buf, bytes);
     probe_sink = sink;
-    return (double)bytes / best / 1e9;
+    pthread_barrier_destroy(&pr->bar);
+    free(pr->tid);
+    free(pr->args);
+    munmap(pr->buf, pr->bytes);
+    free(pr);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* ---- engine measurements ---------------------------------------------------- */
@@ -276,6 +330,10 @@ typedef struct {
     const int32_t *toks;
     float *logits;
     bool progress;
+    probe *pr;          /* CPU backend: the bandwidth probe, else NULL */
+    size_t step_bytes;  /* weight bytes streamed per decode step */
+    double paired;      /* decode_tps(B = 1) with pr: median of the runs' roofline shares */
+    double paired_gbs;  /* ... and median of the probe passes paired with them */
 } bench;
 
 static void progress(const bench *b, const char *what, int n)
@@ -315,7 +373,15 @@ static double prefill_tps(bench *b, int n)
  * tokens (untimed), one untimed warm-up step, then `repeat` timed runs of
  * `decode` steps at positions SHORT_PROMPT.. (each run overwrites the same
  * positions, so all runs do the same work); the best run counts. -1 on an
- * engine error (printed). */
+ * engine error (printed).
+ *
+ * At batch 1 with a probe, each timed run comes right after one probe pass,
+ * and the run's share of the roofline is taken against that pass: run
+ * tokens/s x step bytes / pass bandwidth. On a shared machine whose memory
+ * bandwidth drifts with its neighbours (a cloud VM), a ratio of two
+ * measurements taken seconds apart is far steadier than the best decode
+ * run against the best probe pass taken minutes apart. b->paired and
+ * b->paired_gbs get the medians over the runs. */
 static double decode_tps(bench *b, int B)
 {
     char err[DOL_ERR_LEN];
@@ -333,8 +399,11 @@ static double decode_tps(bench *b, int B)
         dol_batch_item pi = { seqs[i], SHORT_PROMPT, b->toks + i, 0, 1, b->logits };
         if (dol_engine_forward(b->e, &pi, 1, err, sizeof err) != 0) goto fail;
     }
+    double share[MAX_REPEAT], gbs[MAX_REPEAT];
+    const bool pair = B == 1 && b->pr;
     for (int rep = 0; rep <= b->repeat; rep++) {
         int steps = rep == 0 ? 1 : b->decode; /* rep 0: one warm-up step */
+        if (pair && rep > 0) gbs[rep - 1] = probe_pass(b->pr);
         double t0 = dol_now_ms();
         for (int step = 0; step < steps; step++) {
             for (int i = 0; i < B; i++)
@@ -344,6 +413,12 @@ static double decode_tps(bench *b, int B)
         }
         double ms = dol_now_ms() - t0;
         if (rep > 0 && ms < best) best = ms;
+        if (pair && rep > 0)
+            share[rep - 1] = b->decode / (ms / 1000.0) * (double)b->step_bytes / (gbs[rep - 1] * 1e9);
+    }
+    if (pair) {
+        b->paired = median(share, b->repeat);
+        b->paired_gbs = median(gbs, b->repeat);
     }
     for (int i = 0; i < B; i++) dol_engine_seq_free(b->e, seqs[i]);
     return (double)B * b->decode / (best / 1000.0);
@@ -418,7 +493,7 @@ int main(int argc, char **argv)
         else if (!strcmp(o, "--prompts")) rc = parse_list(o, v, 1, 1 << 20, prompts, &n_prompts);
         else if (!strcmp(o, "--decode")) rc = parse_int(o, v, 1, 1 << 20, &decode);
         else if (!strcmp(o, "--batches")) rc = parse_list(o, v, 1, MAX_BATCH, batches, &n_batches);
-        else if (!strcmp(o, "--repeat")) rc = parse_int(o, v, 1, 1000, &repeat);
+        else if (!strcmp(o, "--repeat")) rc = parse_int(o, v, 1, MAX_REPEAT, &repeat);
         else if (!strcmp(o, "--sweep")) rc = parse_range(o, v, &sweep_a, &sweep_b);
         else if (!strcmp(o, "--sweep-out")) sweep_out = v;
         else if (!strcmp(o, "--weights")) {
@@ -547,9 +622,14 @@ int main(int argc, char **argv)
      * backend's roofline is its device bandwidth, scripts/gpu-check.sh). */
     bool cpu_backend = !strcmp(be, "cpu");
     double gbs = 0, roofline = 0;
+    b.step_bytes = step_bytes;
     if (cpu_backend) {
         if (b.progress) fprintf(stderr, "bench: memory bandwidth probe (%zu MiB) ...", probe >> 20);
-        if ((gbs = probe_bandwidth(threads, probe)) < 0) return 1;
+        if (!(b.pr = probe_open(threads, probe))) return 1;
+        for (int pass = 0; pass < PROBE_PASSES; pass++) {
+            double g = probe_pass(b.pr);
+            if (g > gbs) gbs = g;
+        }
         roofline = gbs * 1e9 / (double)step_bytes;
     }
 
@@ -595,12 +675,22 @@ int main(int argc, char **argv)
             snprintf(label, sizeof label, "batch %d / batch 1", batches[i]);
             add_row(rows, &n_rows, label, "%.2fx", measured[batches[i]] / measured[1]);
         }
-        if (cpu_backend)
+        if (cpu_backend) {
             add_row(rows, &n_rows, "decode batch 1 % of roofline", "%.0f %%", 100.0 * measured[1] / roofline);
-        else add_row(rows, &n_rows, "decode batch 1 % of roofline", "%s", na);
+            if (b.paired > 0) {
+                add_row(rows, &n_rows, "paired: probe pass before each run (GB/s, median)", "%.1f",
+                        b.paired_gbs);
+                add_row(rows, &n_rows, "paired: decode batch 1 % of that pass (median)", "%.0f %%",
+                        100.0 * b.paired);
+            }
+        } else {
+            add_row(rows, &n_rows, "decode batch 1 % of roofline", "%s", na);
+        }
     }
     for (int B = sweep_a; sweep_a && B <= sweep_b; B++)
         if (measured[B] == 0 && (measured[B] = decode_tps(&b, B)) < 0) return 1;
+    probe_close(b.pr);
+    b.pr = NULL;
     if (b.progress) fprintf(stderr, "\r%60s\r", "");
     /* Share of the machine's CPU time that other processes took while this
      * one measured: well above 0 % means the figures are from a busy machine. */

@@ -57,7 +57,9 @@ typedef struct {
      * region of block_size * kv_dim floats each, at kv_pool + b*block_floats
      * + (l*2 + 0 or 1) * block_size*kv_dim. K is dims-major (element c of
      * row r at c*block_size + r: the scores of a block are then broadcast
-     * FMAs, see attn_head in cpu_kernels.h); V is rows-major (r*kv_dim + c). */
+     * FMAs, see attn_head in cpu_kernels.h); V is head-major, rows within
+     * a head (element i of head h of row r at (h*block_size + r)*head_dim +
+     * i), so one head's values in a block are one contiguous run. */
     int block_size, n_blocks;
     const dol_kv_blocks *kv;  /* the engine's block tables, during forward */
     float *kv_pool;
@@ -72,6 +74,10 @@ typedef struct {
     float *scores;            /* [n_threads][scores_stride] */
     size_t scores_stride;     /* ctx rounded up to whole blocks */
     const int32_t *tok_id, *tok_seq, *tok_pos;
+    /* tokens tok_run[r] .. tok_run[r+1]-1 (r < n_runs) are consecutive
+     * positions of one sequence within one KV block ([max_T + 1]) */
+    int *tok_run;
+    int n_runs;
 } cpu_engine;
 
 /* ---- weights ------------------------------------------------------------- */
@@ -279,6 +285,7 @@ static int cpu_create(const dol_model *model, const dol_engine_params *p, int ct
     e->logits_ws = xcalloc((size_t)LOGIT_ROWS_CHUNK * c->vocab_size, sizeof(float), &fail);
     e->scores_stride = ((size_t)ctx + (size_t)bs - 1) / (size_t)bs * (size_t)bs;
     e->scores = xcalloc((size_t)threads * e->scores_stride, sizeof(float), &fail);
+    e->tok_run = xcalloc(T + 1, sizeof(int), &fail);
     if (fail) goto oom;
     *n_blocks = e->n_blocks;
     *out = e;
@@ -303,6 +310,7 @@ static void cpu_destroy(void *impl)
     free(e->rope_sin);
     free(e->x); free(e->xb); free(e->q); free(e->k); free(e->v); free(e->att);
     free(e->hb); free(e->hb2); free(e->logits_ws); free(e->scores);
+    free(e->tok_run);
     free(e);
 }
 
@@ -331,25 +339,31 @@ static float *kv_region(const cpu_engine *e, int32_t block, int layer, int which
 }
 
 /* Store the K and V rows (kv_dim floats each) of one token at row `row` of
- * a block: K scattered dims-major, V copied as a row. */
+ * a block: K scattered dims-major, V one head_dim piece per KV head. */
 static void kv_store(cpu_engine *e, int32_t block, int layer, int row, const float *k,
                      const float *v)
 {
     float *kt = kv_region(e, block, layer, 0);
     for (int c = 0; c < e->kv_dim; c++) kt[(size_t)c * e->block_size + row] = k[c];
-    memcpy(kv_region(e, block, layer, 1) + (size_t)row * e->kv_dim, v, sizeof(float) * e->kv_dim);
+    const int hd = e->c.head_dim;
+    float *vr = kv_region(e, block, layer, 1) + (size_t)row * hd;
+    for (int h = 0; h < e->c.n_kv_heads; h++)
+        memcpy(vr + (size_t)h * e->block_size * hd, v + (size_t)h * hd, sizeof(float) * hd);
 }
 
 /* Copy-on-write of a shared last block (n > 1 forks): the first `rows`
- * rows are what matters; K is dims-major, so its whole region is copied. */
+ * rows are what matters; K is dims-major, so its whole region is copied,
+ * V the first rows of each head. */
 static void cpu_copy_block(void *impl, int32_t src, int32_t dst, int rows)
 {
     cpu_engine *e = impl;
+    const size_t head = (size_t)e->block_size * e->c.head_dim;
     for (int l = 0; l < e->c.n_layers; l++) {
         memcpy(kv_region(e, dst, l, 0), kv_region(e, src, l, 0),
                sizeof(float) * (size_t)e->block_size * e->kv_dim);
-        memcpy(kv_region(e, dst, l, 1), kv_region(e, src, l, 1),
-               sizeof(float) * (size_t)rows * e->kv_dim);
+        for (int h = 0; h < e->c.n_kv_heads; h++)
+            memcpy(kv_region(e, dst, l, 1) + h * head, kv_region(e, src, l, 1) + h * head,
+                   sizeof(float) * (size_t)rows * e->c.head_dim);
     }
 }
 
@@ -359,27 +373,44 @@ typedef struct {
     cpu_engine *e;
     int layer;
     const dol_cpu_kernels *kern;
+    int T, chunk;             /* tokens of the batch; tokens per task */
 } attn_job;
 
-/* One (token, head): causal softmax attention over the sequence's cached
- * positions 0..pos (scaled dot product, Vaswani et al. 2017), with grouped
- * query heads sharing K/V head h / (n_heads / n_kv_heads) (GQA, Ainslie et
- * al. 2023), read in place from the paged cache (attn_head, cpu_kernels.h). */
+/* One task: one query head over a chunk of tokens (consecutive tokens of a
+ * prefill chunk share their sequence's K/V, which then stays in cache).
+ * Each token: causal softmax attention over the sequence's cached positions
+ * 0..pos (scaled dot product, Vaswani et al. 2017), with grouped query heads
+ * sharing K/V head h / (n_heads / n_kv_heads) (GQA, Ainslie et al. 2023),
+ * read in place from the paged cache (attn_head, cpu_kernels.h). */
 static void attn_task(void *ctx, int task, int worker)
 {
     attn_job *j = ctx;
     cpu_engine *e = j->e;
     const dol_model_config *c = &e->c;
-    int t = task / c->n_heads, h = task % c->n_heads;
-    int hd = c->head_dim;
-    int kvh = h / (c->n_heads / c->n_kv_heads);
-    const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
+    const int h = task % c->n_heads, chunk = task / c->n_heads;
+    const int t0 = chunk * j->chunk, t1 = t0 + j->chunk < j->T ? t0 + j->chunk : j->T;
+    const int hd = c->head_dim;
+    const int kvh = h / (c->n_heads / c->n_kv_heads);
     const float *k_base = kv_region(e, 0, j->layer, 0) + (size_t)kvh * hd * e->block_size;
-    const float *v_base = kv_region(e, 0, j->layer, 1) + (size_t)kvh * hd;
-    j->kern->attn_head(e->q + (size_t)t * e->q_dim + (size_t)h * hd, hd, e->tok_pos[t] + 1,
-                       k_base, v_base, s->table, e->block_size, e->block_floats, e->kv_dim,
-                       1.0f / sqrtf((float)hd), e->scores + (size_t)worker * e->scores_stride,
-                       e->att + (size_t)t * e->q_dim + (size_t)h * hd);
+    const float *v_base = kv_region(e, 0, j->layer, 1) + (size_t)kvh * hd * e->block_size;
+    for (int t = t0; t < t1; t++) {
+        const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
+        j->kern->attn_head(e->q + (size_t)t * e->q_dim + (size_t)h * hd, hd, e->tok_pos[t] + 1,
+                           k_base, v_base, s->table, e->block_size, e->block_floats, hd,
+                           1.0f / sqrtf((float)hd), e->scores + (size_t)worker * e->scores_stride,
+                           e->att + (size_t)t * e->q_dim + (size_t)h * hd);
+    }
+}
+
+/* Attention of every token of the batch: tasks of ATTN_CHUNK tokens of one
+ * head for prefill-sized batches (fewer claims of the pool's task counter,
+ * K/V reused from cache), one token of one head otherwise. */
+#define ATTN_CHUNK 16
+static void attention(cpu_engine *e, int T, int layer)
+{
+    attn_job j = { e, layer, dol_cpu_kernels_get(), T, T >= 4 * ATTN_CHUNK ? ATTN_CHUNK : 1 };
+    const int chunks = (T + j.chunk - 1) / j.chunk;
+    dol_pool_run(e->pool, attn_task, &j, chunks * e->c.n_heads);
 }
 
 /* ---- per-token steps ------------------------------------------------------ */
@@ -393,9 +424,13 @@ typedef struct {
     cpu_engine *e;
     int what, layer;
     const float *norm_w;
+    int T;
 } tok_job;
 
-static void tok_task(void *ctx, int t, int worker)
+/* Tokens per RMSNorm task (one claim of the pool's counter each). */
+#define NORM_CHUNK 8
+
+static void tok_task(void *ctx, int task, int worker)
 {
     (void)worker;
     const tok_job *j = ctx;
@@ -403,26 +438,54 @@ static void tok_task(void *ctx, int t, int worker)
     const dol_model_config *c = &e->c;
     const int d = c->hidden_size;
     if (j->what == TOK_NORM) {
-        dol_cpu_rmsnorm(e->xb + (size_t)t * d, e->x + (size_t)t * d, j->norm_w, d, c->rms_norm_eps);
+        const int t1 = (task + 1) * NORM_CHUNK < j->T ? (task + 1) * NORM_CHUNK : j->T;
+        for (int t = task * NORM_CHUNK; t < t1; t++)
+            dol_cpu_rmsnorm(e->xb + (size_t)t * d, e->x + (size_t)t * d, j->norm_w, d,
+                            c->rms_norm_eps);
         return;
     }
-    /* RoPE on q and k, then K/V into the sequence's block */
-    const int half = c->head_dim / 2, pos = e->tok_pos[t];
-    const float *cr = e->rope_cos + (size_t)pos * half, *sr = e->rope_sin + (size_t)pos * half;
-    dol_cpu_rope(e->q + (size_t)t * e->q_dim, c->n_heads, c->head_dim, cr, sr);
-    dol_cpu_rope(e->k + (size_t)t * e->kv_dim, c->n_kv_heads, c->head_dim, cr, sr);
-    const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
-    kv_store(e, s->table[pos / e->block_size], j->layer, pos % e->block_size,
-             e->k + (size_t)t * e->kv_dim, e->v + (size_t)t * e->kv_dim);
+    /* RoPE on q and k, then K/V into the sequence's block, for the run of
+     * tokens that share one block: K is dims-major, so the rows of a block
+     * share cache lines, and one task writing them all keeps two threads
+     * from fighting over those lines */
+    const int half = c->head_dim / 2;
+    for (int t = e->tok_run[task]; t < e->tok_run[task + 1]; t++) {
+        const int pos = e->tok_pos[t];
+        const float *cr = e->rope_cos + (size_t)pos * half, *sr = e->rope_sin + (size_t)pos * half;
+        dol_cpu_rope(e->q + (size_t)t * e->q_dim, c->n_heads, c->head_dim, cr, sr);
+        dol_cpu_rope(e->k + (size_t)t * e->kv_dim, c->n_kv_heads, c->head_dim, cr, sr);
+        const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
+        kv_store(e, s->table[pos / e->block_size], j->layer, pos % e->block_size,
+                 e->k + (size_t)t * e->kv_dim, e->v + (size_t)t * e->kv_dim);
+    }
+}
+
+/* Cut the batch's tokens into runs of one sequence and one KV block
+ * (tok_run), once per forward call. */
+static void plan_runs(cpu_engine *e, int T)
+{
+    int n = 0;
+    for (int t = 0; t < T; t++)
+        if (t == 0 || e->tok_seq[t] != e->tok_seq[t - 1] ||
+            e->tok_pos[t] / e->block_size != e->tok_pos[t - 1] / e->block_size ||
+            e->tok_pos[t] != e->tok_pos[t - 1] + 1)
+            e->tok_run[n++] = t;
+    e->tok_run[n] = T;
+    e->n_runs = n;
 }
 
 static void per_token(cpu_engine *e, int T, int what, int layer, const float *norm_w)
 {
-    tok_job j = { e, what, layer, norm_w };
-    if (T >= 16) {
-        dol_pool_run(e->pool, tok_task, &j, T);
+    tok_job j = { e, what, layer, norm_w, T };
+    const int tasks = what == TOK_NORM ? (T + NORM_CHUNK - 1) / NORM_CHUNK : e->n_runs;
+    /* the KV writes of a decode batch miss the cache (the weights streamed
+     * through it since the previous step; K dims-major puts one token's row
+     * in kv_dim lines): two tokens are worth a dispatch already, RMSNorm is
+     * not */
+    if (T >= 16 || (what == TOK_ROPE_STORE && tasks >= 2)) {
+        dol_pool_run(e->pool, tok_task, &j, tasks);
     } else {
-        for (int t = 0; t < T; t++) tok_task(&j, t, 0);
+        for (int t = 0; t < tasks; t++) tok_task(&j, t, 0);
     }
 }
 
@@ -441,6 +504,7 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
     e->tok_id = a->tok_id;
     e->tok_seq = a->tok_seq;
     e->tok_pos = a->tok_pos;
+    plan_runs(e, T);
 
     /* Embedding */
     for (int t = 0; t < T; t++) dol_cpu_embed_row(e->x + (size_t)t * d, &e->embed, e->tok_id[t]);
@@ -458,8 +522,7 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
         per_token(e, T, TOK_ROPE_STORE, l, NULL);
 
         /* Causal attention of every token over its own sequence */
-        attn_job aj = { e, l, dol_cpu_kernels_get() };
-        dol_pool_run(e->pool, attn_task, &aj, T * c->n_heads);
+        attention(e, T, l);
 
         /* Output projection and residual */
         const dol_cpu_weight wo = weight_of(&w->o);
