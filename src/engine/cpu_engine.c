@@ -78,6 +78,7 @@ typedef struct {
      * positions of one sequence within one KV block ([max_T + 1]) */
     int *tok_run;
     int n_runs;
+    bool decode_batch;        /* every token of the batch is its own sequence */
 } cpu_engine;
 
 /* ---- weights ------------------------------------------------------------- */
@@ -338,16 +339,17 @@ static float *kv_region(const cpu_engine *e, int32_t block, int layer, int which
            (size_t)(layer * 2 + which) * e->block_size * e->kv_dim;
 }
 
-/* Store the K and V rows (kv_dim floats each) of one token at row `row` of
- * a block: K scattered dims-major, V one head_dim piece per KV head. */
+/* Store KV heads h0 .. h1-1 of one token's K and V rows (kv_dim floats
+ * each) at row `row` of a block: K scattered dims-major, V one head_dim
+ * piece per head. */
 static void kv_store(cpu_engine *e, int32_t block, int layer, int row, const float *k,
-                     const float *v)
+                     const float *v, int h0, int h1)
 {
-    float *kt = kv_region(e, block, layer, 0);
-    for (int c = 0; c < e->kv_dim; c++) kt[(size_t)c * e->block_size + row] = k[c];
     const int hd = e->c.head_dim;
+    float *kt = kv_region(e, block, layer, 0);
+    for (int c = h0 * hd; c < h1 * hd; c++) kt[(size_t)c * e->block_size + row] = k[c];
     float *vr = kv_region(e, block, layer, 1) + (size_t)row * hd;
-    for (int h = 0; h < e->c.n_kv_heads; h++)
+    for (int h = h0; h < h1; h++)
         memcpy(vr + (size_t)h * e->block_size * hd, v + (size_t)h * hd, sizeof(float) * hd);
 }
 
@@ -374,6 +376,7 @@ typedef struct {
     int layer;
     const dol_cpu_kernels *kern;
     int T, chunk;             /* tokens of the batch; tokens per task */
+    bool fused;               /* decode batch: tasks are (token, KV head) and do RoPE + KV store too */
 } attn_job;
 
 /* One task: one query head over a chunk of tokens (consecutive tokens of a
@@ -382,35 +385,70 @@ typedef struct {
  * 0..pos (scaled dot product, Vaswani et al. 2017), with grouped query heads
  * sharing K/V head h / (n_heads / n_kv_heads) (GQA, Ainslie et al. 2023),
  * read in place from the paged cache (attn_head, cpu_kernels.h). */
-static void attn_task(void *ctx, int task, int worker)
+static void attn_one(const attn_job *j, int t, int h, int worker)
 {
-    attn_job *j = ctx;
     cpu_engine *e = j->e;
     const dol_model_config *c = &e->c;
-    const int h = task % c->n_heads, chunk = task / c->n_heads;
-    const int t0 = chunk * j->chunk, t1 = t0 + j->chunk < j->T ? t0 + j->chunk : j->T;
     const int hd = c->head_dim;
     const int kvh = h / (c->n_heads / c->n_kv_heads);
     const float *k_base = kv_region(e, 0, j->layer, 0) + (size_t)kvh * hd * e->block_size;
     const float *v_base = kv_region(e, 0, j->layer, 1) + (size_t)kvh * hd * e->block_size;
-    for (int t = t0; t < t1; t++) {
-        const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
-        j->kern->attn_head(e->q + (size_t)t * e->q_dim + (size_t)h * hd, hd, e->tok_pos[t] + 1,
-                           k_base, v_base, s->table, e->block_size, e->block_floats, hd,
-                           1.0f / sqrtf((float)hd), e->scores + (size_t)worker * e->scores_stride,
-                           e->att + (size_t)t * e->q_dim + (size_t)h * hd);
-    }
+    const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
+    j->kern->attn_head(e->q + (size_t)t * e->q_dim + (size_t)h * hd, hd, e->tok_pos[t] + 1, k_base,
+                       v_base, s->table, e->block_size, e->block_floats, hd,
+                       1.0f / sqrtf((float)hd), e->scores + (size_t)worker * e->scores_stride,
+                       e->att + (size_t)t * e->q_dim + (size_t)h * hd);
 }
 
-/* Attention of every token of the batch: tasks of ATTN_CHUNK tokens of one
- * head for prefill-sized batches (fewer claims of the pool's task counter,
- * K/V reused from cache), one token of one head otherwise. */
+static void attn_task(void *ctx, int task, int worker)
+{
+    const attn_job *j = ctx;
+    cpu_engine *e = j->e;
+    const dol_model_config *c = &e->c;
+    if (j->fused) {
+        /* one token (its own sequence) and one KV head: RoPE on the query
+         * heads of the group and on the key head, the head's K/V into the
+         * cache, then the group's attention (the same operations per
+         * element as the unfused path, so the same bits) */
+        const int t = task / c->n_kv_heads, g = task % c->n_kv_heads;
+        const int group = c->n_heads / c->n_kv_heads, hd = c->head_dim, half = hd / 2;
+        const int pos = e->tok_pos[t];
+        const float *cr = e->rope_cos + (size_t)pos * half, *sr = e->rope_sin + (size_t)pos * half;
+        dol_cpu_rope(e->q + (size_t)t * e->q_dim + (size_t)g * group * hd, group, hd, cr, sr);
+        dol_cpu_rope(e->k + (size_t)t * e->kv_dim + (size_t)g * hd, 1, hd, cr, sr);
+        const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
+        kv_store(e, s->table[pos / e->block_size], j->layer, pos % e->block_size,
+                 e->k + (size_t)t * e->kv_dim, e->v + (size_t)t * e->kv_dim, g, g + 1);
+        for (int h = g * group; h < (g + 1) * group; h++) attn_one(j, t, h, worker);
+        return;
+    }
+    const int h = task % c->n_heads, chunk = task / c->n_heads;
+    const int t0 = chunk * j->chunk, t1 = t0 + j->chunk < j->T ? t0 + j->chunk : j->T;
+    for (int t = t0; t < t1; t++) attn_one(j, t, h, worker);
+}
+
+/* Attention of every token of the batch (after per_token's RoPE and KV
+ * store): tasks of ATTN_CHUNK tokens of one head for prefill-sized batches
+ * (fewer claims of the pool's task counter, K/V reused from cache), one
+ * token of one head otherwise. */
 #define ATTN_CHUNK 16
 static void attention(cpu_engine *e, int T, int layer)
 {
-    attn_job j = { e, layer, dol_cpu_kernels_get(), T, T >= 4 * ATTN_CHUNK ? ATTN_CHUNK : 1 };
+    attn_job j = { e, layer, dol_cpu_kernels_get(), T, T >= 4 * ATTN_CHUNK ? ATTN_CHUNK : 1, false };
     const int chunks = (T + j.chunk - 1) / j.chunk;
     dol_pool_run(e->pool, attn_task, &j, chunks * e->c.n_heads);
+}
+
+/* RoPE, KV store and attention as one job of (token, KV head) tasks, for a
+ * batch whose tokens all belong to different sequences (decode): no token
+ * then reads another token's K/V of this step, so nothing orders the tasks.
+ * The KV writes miss the cache (the weights streamed through it since the
+ * previous step; dims-major K puts one head's row in head_dim lines), and
+ * here both threads take their share of them. */
+static void attention_decode(cpu_engine *e, int T, int layer)
+{
+    attn_job j = { e, layer, dol_cpu_kernels_get(), T, 1, true };
+    dol_pool_run(e->pool, attn_task, &j, T * e->c.n_kv_heads);
 }
 
 /* ---- per-token steps ------------------------------------------------------ */
@@ -456,7 +494,7 @@ static void tok_task(void *ctx, int task, int worker)
         dol_cpu_rope(e->k + (size_t)t * e->kv_dim, c->n_kv_heads, c->head_dim, cr, sr);
         const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
         kv_store(e, s->table[pos / e->block_size], j->layer, pos % e->block_size,
-                 e->k + (size_t)t * e->kv_dim, e->v + (size_t)t * e->kv_dim);
+                 e->k + (size_t)t * e->kv_dim, e->v + (size_t)t * e->kv_dim, 0, c->n_kv_heads);
     }
 }
 
@@ -472,17 +510,17 @@ static void plan_runs(cpu_engine *e, int T)
             e->tok_run[n++] = t;
     e->tok_run[n] = T;
     e->n_runs = n;
+    /* the tokens of one sequence are contiguous (one batch item each) */
+    e->decode_batch = true;
+    for (int t = 1; t < T; t++)
+        if (e->tok_seq[t] == e->tok_seq[t - 1]) e->decode_batch = false;
 }
 
 static void per_token(cpu_engine *e, int T, int what, int layer, const float *norm_w)
 {
     tok_job j = { e, what, layer, norm_w, T };
     const int tasks = what == TOK_NORM ? (T + NORM_CHUNK - 1) / NORM_CHUNK : e->n_runs;
-    /* the KV writes of a decode batch miss the cache (the weights streamed
-     * through it since the previous step; K dims-major puts one token's row
-     * in kv_dim lines): two tokens are worth a dispatch already, RMSNorm is
-     * not */
-    if (T >= 16 || (what == TOK_ROPE_STORE && tasks >= 2)) {
+    if (T >= 16) {
         dol_pool_run(e->pool, tok_task, &j, tasks);
     } else {
         for (int t = 0; t < tasks; t++) tok_task(&j, t, 0);
@@ -518,11 +556,15 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
         float *const qkv_out[3] = { e->q, e->k, e->v };
         dol_cpu_matmul_multi(e->pool, e->xb, T, d, qkv, qkv_out, 3);
 
-        /* RoPE on q and k, then K/V into the sequence's blocks */
-        per_token(e, T, TOK_ROPE_STORE, l, NULL);
-
-        /* Causal attention of every token over its own sequence */
-        attention(e, T, l);
+        /* RoPE on q and k, K/V into the sequences' blocks, then causal
+         * attention of every token over its own sequence (one job when
+         * every token is its own sequence) */
+        if (e->decode_batch) {
+            attention_decode(e, T, l);
+        } else {
+            per_token(e, T, TOK_ROPE_STORE, l, NULL);
+            attention(e, T, l);
+        }
 
         /* Output projection and residual */
         const dol_cpu_weight wo = weight_of(&w->o);
