@@ -756,11 +756,16 @@ static void k_attn_head(const float *q, int hd, int n, const float *k_base, cons
     while (i + DOL_SIMD <= hd) {
         const int nv = (hd - i) / DOL_SIMD < 4 ? (hd - i) / DOL_SIMD : 4;
         vecf o[4] = { v_zero(), v_zero(), v_zero(), v_zero() };
-        for (int p = 0; p < n; p++) {
-            const float *vp = v_base + (size_t)table[p / bs] * block_floats +
-                              (size_t)(p % bs) * v_stride + i;
-            vecf e = v_set1(sc[p]);
-            for (int j = 0; j < nv; j++) o[j] = v_fma(e, v_load(vp + j * DOL_SIMD), o[j]);
+        /* positions in ascending order, block by block (no division per
+         * position) */
+        for (int b0 = 0, p = 0; p < n; b0++) {
+            const float *vb = v_base + (size_t)table[b0] * block_floats + i;
+            const int r1 = n - p < bs ? n - p : bs;
+            for (int r = 0; r < r1; r++, p++) {
+                const float *vp = vb + (size_t)r * v_stride;
+                vecf e = v_set1(sc[p]);
+                for (int j = 0; j < nv; j++) o[j] = v_fma(e, v_load(vp + j * DOL_SIMD), o[j]);
+            }
         }
         for (int j = 0; j < nv; j++) v_store(out + i + j * DOL_SIMD, v_mul(o[j], v_set1(inv)));
         i += nv * DOL_SIMD;
