@@ -240,13 +240,25 @@ static void test_chunking_and_threads(void **state)
     for (int i = 0; i < 40; i++) prompt[i] = 3 + (i * 37) % 500;
     fixture f1 = open_model("stories260K", 1, 0);
     fixture f2 = open_model("stories260K", 2, 0);
-    int na = greedy(f1.e, prompt, 40, 20, a, NULL, 40);
-    int nb = greedy(f2.e, prompt, 40, 20, b, NULL, 7);
-    int nc = greedy(f2.e, prompt, 40, 20, c, NULL, 1);
+    const int V = dol_engine_vocab_size(f1.e);
+    float *la = malloc(sizeof(float) * (size_t)V), *lb = malloc(sizeof(float) * (size_t)V),
+          *lc = malloc(sizeof(float) * (size_t)V);
+    int na = greedy(f1.e, prompt, 40, 20, a, la, 40);
+    int nb = greedy(f2.e, prompt, 40, 20, b, lb, 7);
+    /* chunks of 1: every call is a decode-shaped batch, which runs RoPE,
+     * the KV write and attention as one job per (token, KV head) — GQA
+     * here, 8 query heads on 4 KV heads — instead of the prefill path */
+    int nc = greedy(f2.e, prompt, 40, 20, c, lc, 1);
     assert_int_equal(na, nb);
     assert_int_equal(na, nc);
     assert_memory_equal(a, b, sizeof(int32_t) * (size_t)na);
     assert_memory_equal(a, c, sizeof(int32_t) * (size_t)na);
+    /* the logits after the prompt: the same bits along every path */
+    assert_memory_equal(la, lb, sizeof(float) * (size_t)V);
+    assert_memory_equal(la, lc, sizeof(float) * (size_t)V);
+    free(la);
+    free(lb);
+    free(lc);
     close_model(&f1);
     close_model(&f2);
 }
