@@ -353,6 +353,23 @@ static void kv_store(cpu_engine *e, int32_t block, int layer, int row, const flo
         memcpy(vr + (size_t)h * e->block_size * hd, v + (size_t)h * hd, sizeof(float) * hd);
 }
 
+/* RoPE (Su et al. 2021) on token t's KV heads g0 .. g1-1 and on the query
+ * heads of their groups, then those K/V heads into the sequence's block at
+ * the token's position. Element-wise: any split over heads gives the same
+ * bits. */
+static void rope_and_store(cpu_engine *e, int t, int layer, int g0, int g1)
+{
+    const dol_model_config *c = &e->c;
+    const int hd = c->head_dim, half = hd / 2, group = c->n_heads / c->n_kv_heads;
+    const int pos = e->tok_pos[t];
+    const float *cr = e->rope_cos + (size_t)pos * half, *sr = e->rope_sin + (size_t)pos * half;
+    dol_cpu_rope(e->q + (size_t)t * e->q_dim + (size_t)g0 * group * hd, (g1 - g0) * group, hd, cr, sr);
+    dol_cpu_rope(e->k + (size_t)t * e->kv_dim + (size_t)g0 * hd, g1 - g0, hd, cr, sr);
+    const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
+    kv_store(e, s->table[pos / e->block_size], layer, pos % e->block_size,
+             e->k + (size_t)t * e->kv_dim, e->v + (size_t)t * e->kv_dim, g0, g1);
+}
+
 /* Copy-on-write of a shared last block (n > 1 forks): the first `rows`
  * rows are what matters; K is dims-major, so its whole region is copied,
  * V the first rows of each head. */
@@ -411,14 +428,8 @@ static void attn_task(void *ctx, int task, int worker)
          * cache, then the group's attention (the same operations per
          * element as the unfused path, so the same bits) */
         const int t = task / c->n_kv_heads, g = task % c->n_kv_heads;
-        const int group = c->n_heads / c->n_kv_heads, hd = c->head_dim, half = hd / 2;
-        const int pos = e->tok_pos[t];
-        const float *cr = e->rope_cos + (size_t)pos * half, *sr = e->rope_sin + (size_t)pos * half;
-        dol_cpu_rope(e->q + (size_t)t * e->q_dim + (size_t)g * group * hd, group, hd, cr, sr);
-        dol_cpu_rope(e->k + (size_t)t * e->kv_dim + (size_t)g * hd, 1, hd, cr, sr);
-        const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
-        kv_store(e, s->table[pos / e->block_size], j->layer, pos % e->block_size,
-                 e->k + (size_t)t * e->kv_dim, e->v + (size_t)t * e->kv_dim, g, g + 1);
+        const int group = c->n_heads / c->n_kv_heads;
+        rope_and_store(e, t, j->layer, g, g + 1);
         for (int h = g * group; h < (g + 1) * group; h++) attn_one(j, t, h, worker);
         return;
     }
@@ -486,16 +497,8 @@ static void tok_task(void *ctx, int task, int worker)
      * tokens that share one block: K is dims-major, so the rows of a block
      * share cache lines, and one task writing them all keeps two threads
      * from fighting over those lines */
-    const int half = c->head_dim / 2;
-    for (int t = e->tok_run[task]; t < e->tok_run[task + 1]; t++) {
-        const int pos = e->tok_pos[t];
-        const float *cr = e->rope_cos + (size_t)pos * half, *sr = e->rope_sin + (size_t)pos * half;
-        dol_cpu_rope(e->q + (size_t)t * e->q_dim, c->n_heads, c->head_dim, cr, sr);
-        dol_cpu_rope(e->k + (size_t)t * e->kv_dim, c->n_kv_heads, c->head_dim, cr, sr);
-        const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
-        kv_store(e, s->table[pos / e->block_size], j->layer, pos % e->block_size,
-                 e->k + (size_t)t * e->kv_dim, e->v + (size_t)t * e->kv_dim, 0, c->n_kv_heads);
-    }
+    for (int t = e->tok_run[task]; t < e->tok_run[task + 1]; t++)
+        rope_and_store(e, t, j->layer, 0, c->n_kv_heads);
 }
 
 /* Cut the batch's tokens into runs of one sequence and one KV block

@@ -116,6 +116,20 @@ static void check_close(const char *what, const char *variant, double got, doubl
                  got, want, tol);
 }
 
+/* sum_k x[k] * w[k] in double precision (the reference), and in *scale the
+ * sum of the |products| (the magnitude check_close measures against). */
+static double ref_dot(const float *x, const float *w, int K, double *scale)
+{
+    double ref = 0.0;
+    *scale = 0.0;
+    for (int k = 0; k < K; k++) {
+        double p = (double)x[k] * w[k];
+        ref += p;
+        *scale += fabs(p);
+    }
+    return ref;
+}
+
 /* ---- table shape ----------------------------------------------------------- */
 
 static void test_tables(void **state)
@@ -155,11 +169,8 @@ static void test_dot(void **state)
             void *raw;
             float *x = random_floats((size_t)K);
             float *wf = random_weights((size_t)K, g_dtypes[d], &raw);
-            double ref = 0.0, scale = 0.0;
-            for (int k = 0; k < K; k++) {
-                ref += (double)x[k] * wf[k];
-                scale += fabs((double)x[k] * wf[k]);
-            }
+            double scale;
+            const double ref = ref_dot(x, wf, K, &scale);
             float port = v[0]->dot(x, raw, g_dtypes[d], K);
             for (int i = 0; i < nv; i++) {
                 float got = v[i]->dot(x, raw, g_dtypes[d], K);
@@ -198,12 +209,8 @@ static void check_matmul_shape(const dol_cpu_kernels *const *v, int nv, int K, i
         kv->matmul_rows(out, x, T, K, raw, dt, N, 0, N);
         for (int t = 0; t < T; t++)
             for (int n = 0; n < N; n++) {
-                double ref = 0.0, scale = 0.0;
-                for (int k = 0; k < K; k++) {
-                    double p = (double)x[(size_t)t * K + k] * wf[(size_t)n * K + k];
-                    ref += p;
-                    scale += fabs(p);
-                }
+                double scale;
+                const double ref = ref_dot(x + (size_t)t * K, wf + (size_t)n * K, K, &scale);
                 float got = out[(size_t)t * N + n];
                 check_close(dol_dtype_name(dt), kv->name, got, ref, scale, K, t, n);
                 check_close(dol_dtype_name(dt), kv->name, got, port[(size_t)t * N + n], scale, K,
@@ -390,12 +397,8 @@ static void test_nf4_rows(void **state)
                     kv->nf4_rows(out, x, T, &q, 0, N);
                     for (int t = 0; t < T; t++)
                         for (int n = 0; n < N; n++) {
-                            double ref = 0.0, scale = 0.0;
-                            for (int k = 0; k < K; k++) {
-                                double p = (double)x[(size_t)t * K + k] * wd[(size_t)n * K + k];
-                                ref += p;
-                                scale += fabs(p);
-                            }
+                            double scale;
+                            const double ref = ref_dot(x + (size_t)t * K, wd + (size_t)n * K, K, &scale);
                             float got = out[(size_t)t * N + n];
                             check_close("NF4", kv->name, got, ref, scale, K, t, n);
                             check_close("NF4", kv->name, got, port[(size_t)t * N + n], scale, K, t, n);
