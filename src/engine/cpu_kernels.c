@@ -292,15 +292,22 @@ static inline void v_sum4(const vecf a[4], float *out)
 /* Packed register tile: NR rows of x against the panel of rows n .. n+3,
  * read as one sequential stream (DOL_SIMD elements of 4 rows per k step),
  * prefetching PACK_PF_BYTES ahead of the stream (which runs on into the
- * next panel). Every output follows k_dot's order exactly: the same vector
- * steps over k, the same tail. */
+ * next panel), and, when pf is not NULL, ppu lines of pf per 16 k (a steady
+ * prefetch of a later panel, see k_matmul_packed_rows). Every output
+ * follows k_dot's order exactly: the same vector steps over k, the same
+ * tail. */
 /* Tuning, measured on the 2-vCPU AMD EPYC (Zen 5) VM with the 110m shape
  * (scripts/bench, docs/performance.md); each was compared with its
  * neighbours in alternating runs:
- *   PACK_PF_BYTES     prefetch distance ahead of the stream (512..4096 alike)
- *   PACK_STREAMS      interleaved streams per task when T <= PACK_STREAM_ROWS
- *                     (2: +5..10 % at batch 1; 3 and 4 slower; and slower
- *                     than the cache-blocked order from 3 rows of x on)
+ *   PACK_PF_BYTES     prefetch distance ahead of the stream (1024; 512 and
+ *                     4096 slower for the lockstep tiles, 2048 alike)
+ *   lockstep streams  at one row of x: 4 (3 and 6 slower, below)
+ *   PACK_STREAMS      interleaved streams for what the lockstep tiles leave
+ *   PACK_OUTER_ROWS   rows of x up to which each panel meets every group
+ *                     of rows in turn, with the steady prefetch of the next
+ *                     panel (batch-8 decode 695 -> 830 tokens/s against the
+ *                     cache-blocked order; 602 without the steady prefetch;
+ *                     prefetching two panels ahead: no better)
  *   PACK_XROWS        rows of x per register tile: 6 x 4 accumulators + 4
  *                     weights + 1 input fit the 32 zmm registers; the 16
  *                     ymm of AVX2 take 3 x 4
@@ -308,16 +315,19 @@ static inline void v_sum4(const vecf a[4], float *out)
 #define PACK_PF_BYTES 1024
 #define PACK_STREAMS 2
 #define PACK_STREAM_ROWS 2
+#define PACK_OUTER_ROWS 16
 #if DOL_SIMD == 16
 #define PACK_XROWS 6
 #else
 #define PACK_XROWS 3
 #endif
 #define PACK_CHUNK_BYTES (192u * 1024u)
-#define DEFINE_PTILE(NR, DT, SUF)                                                           \
-    static void ptile_##SUF##_##NR(const float *x, int K, const void *Wp, int n, float *out, \
-                                   int N)                                                   \
+#define DEFINE_PTILE(NR, DT, SUF, PF, PSUF)                                                 \
+    static void ptile##PSUF##_##SUF##_##NR(const float *x, int K, const void *Wp, int n,     \
+                                           float *out, int N, const char *pf, int ppu)      \
     {                                                                                       \
+        (void)pf;                                                                           \
+        (void)ppu;                                                                          \
         const dol_dtype t = DT;                                                             \
         const size_t esz = w_size(t);                                                       \
         const int kc = K - K % DOL_PACK_K;                                                  \
@@ -333,6 +343,9 @@ static inline void v_sum4(const vecf a[4], float *out)
             if (k % DOL_PACK_K == 0) /* a new chunk: fetch the one PACK_PF_BYTES ahead */  \
                 for (size_t b = 0; b < DOL_PACK_ROWS * DOL_PACK_K * esz; b += 64)           \
                     _mm_prefetch(wb + o * esz + PACK_PF_BYTES + b, _MM_HINT_T0);            \
+            if (PF && pf && k % DOL_PACK_K == 0) /* steady prefetch of a later panel */    \
+                for (int q = 0; q < ppu; q++)                                               \
+                    _mm_prefetch(pf + ((size_t)(k / DOL_PACK_K) * ppu + q) * 64, _MM_HINT_T0); \
             vecf w[DOL_PACK_ROWS];                                                          \
             for (int c = 0; c < DOL_PACK_ROWS; c++)                                         \
                 w[c] = v_load_w(Wp, t, base + o + (size_t)c * DOL_PACK_K);                  \
@@ -364,41 +377,142 @@ static inline void v_sum4(const vecf a[4], float *out)
             }                                                                               \
     }
 
-#define DEFINE_PTILES(DT, SUF)                                                              \
-    DEFINE_PTILE(1, DT, SUF)                                                                \
-    DEFINE_PTILE(2, DT, SUF)                                                                \
-    DEFINE_PTILE(3, DT, SUF)                                                                \
-    DEFINE_PTILE(4, DT, SUF)                                                                \
-    DEFINE_PTILE(5, DT, SUF)                                                                \
-    DEFINE_PTILE(6, DT, SUF)                                                                \
-    static const mm_tile_fn pk_tiles_##SUF[7] = { NULL, ptile_##SUF##_1, ptile_##SUF##_2,   \
-                                                  ptile_##SUF##_3, ptile_##SUF##_4,         \
-                                                  ptile_##SUF##_5, ptile_##SUF##_6 };
+typedef void (*pk_tile_fn)(const float *x, int K, const void *Wp, int n, float *out, int N,
+                           const char *pf, int ppu);
+/* Two sets: without the steady prefetch (prefill, where the test costs
+ * ~5 % of a compute-bound tile) and with it (decode batches). */
+#define DEFINE_PTILES_(DT, SUF, PF, PSUF)                                                   \
+    DEFINE_PTILE(1, DT, SUF, PF, PSUF)                                                      \
+    DEFINE_PTILE(2, DT, SUF, PF, PSUF)                                                      \
+    DEFINE_PTILE(3, DT, SUF, PF, PSUF)                                                      \
+    DEFINE_PTILE(4, DT, SUF, PF, PSUF)                                                      \
+    DEFINE_PTILE(5, DT, SUF, PF, PSUF)                                                      \
+    DEFINE_PTILE(6, DT, SUF, PF, PSUF)                                                      \
+    static const pk_tile_fn pk_tiles##PSUF##_##SUF[7] = {                                   \
+        NULL, ptile##PSUF##_##SUF##_1, ptile##PSUF##_##SUF##_2, ptile##PSUF##_##SUF##_3,    \
+        ptile##PSUF##_##SUF##_4, ptile##PSUF##_##SUF##_5, ptile##PSUF##_##SUF##_6 };
+#define DEFINE_PTILES(DT, SUF) DEFINE_PTILES_(DT, SUF, 0, ) DEFINE_PTILES_(DT, SUF, 1, _pf)
 DEFINE_PTILES(DOL_DTYPE_F32, f32)
 DEFINE_PTILES(DOL_DTYPE_F16, f16)
 DEFINE_PTILES(DOL_DTYPE_BF16, bf16)
+#endif
+
+#ifdef DOL_SIMD
+/* Lockstep tile: NR rows of x against NS whole panels at once (rows
+ * n[s] .. n[s]+3 for s < NS), each k step reading the next DOL_SIMD
+ * elements of all NS panels, so one task keeps NS sequential streams of W
+ * in flight at cache-line granularity, as the bandwidth probe of
+ * tools/bench_engine.c does. Only for K % DOL_PACK_K == 0 and full panels
+ * (no tail); each output is ptile's: one accumulator over k in vector
+ * steps, then v_sum4, so the bits are those of k_dot.
+ * On the 2-vCPU Zen 5 VM, four lockstep streams at batch 1 read a cold
+ * 768 x 2048 F16 matrix at 52-56 GB/s with two threads, against 41-44 GB/s
+ * for panels taken one after another (2 streams interleaved panel by
+ * panel); 1 and 2 lockstep streams: 38-40 and 42-45. */
+#define DEFINE_STILE(NR, NS, DT, SUF)                                                       \
+    static void stile_##SUF##_##NR##_##NS(const float *x, int K, const void *Wp,           \
+                                          const int *n, float *out, int N)                  \
+    {                                                                                       \
+        const dol_dtype t = DT;                                                             \
+        const size_t esz = w_size(t);                                                       \
+        vecf acc[NS][NR][DOL_PACK_ROWS];                                                    \
+        for (int s = 0; s < NS; s++)                                                        \
+            for (int r = 0; r < NR; r++)                                                    \
+                for (int c = 0; c < DOL_PACK_ROWS; c++) acc[s][r][c] = v_zero();            \
+        for (int k = 0; k < K; k += DOL_SIMD) {                                             \
+            const size_t o = (size_t)(k / DOL_PACK_K) * DOL_PACK_ROWS * DOL_PACK_K +       \
+                             (size_t)(k % DOL_PACK_K);                                      \
+            vecf xv[NR];                                                                    \
+            for (int r = 0; r < NR; r++) xv[r] = v_in_register(v_load(x + (size_t)r * K + k)); \
+            for (int s = 0; s < NS; s++) {                                                  \
+                const size_t base = (size_t)n[s] * K;                                       \
+                if (k % DOL_PACK_K == 0)                                                    \
+                    for (size_t b = 0; b < DOL_PACK_ROWS * DOL_PACK_K * esz; b += 64)       \
+                        _mm_prefetch((const char *)Wp + (base + o) * esz + PACK_PF_BYTES + b, \
+                                     _MM_HINT_T0);                                          \
+                for (int c = 0; c < DOL_PACK_ROWS; c++) {                                   \
+                    vecf w = v_load_w(Wp, t, base + o + (size_t)c * DOL_PACK_K);            \
+                    for (int r = 0; r < NR; r++) acc[s][r][c] = v_fma(xv[r], w, acc[s][r][c]); \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+        for (int s = 0; s < NS; s++)                                                        \
+            for (int r = 0; r < NR; r++) v_sum4(acc[s][r], out + (size_t)r * N + n[s]);     \
+    }
+
+/* (rows of x, streams) per kernel set: 4 x 4 or 2 x 2 x 4 accumulators
+ * fit AVX-512's 32 registers, 2 x 4 AVX2's 16 */
+/* The lockstep tiles of each kernel set, by rows of x (1..STILE_ROWS) and
+ * streams (1..STILE_STREAMS at one row; accumulators 1 x 4 x 4 and
+ * 2 x 2 x 4 fit AVX-512's 32 registers with x and w, 1 x 2 x 4 AVX2's 16). */
+typedef void (*mm_stile_fn)(const float *x, int K, const void *Wp, const int *n, float *out, int N);
+#if DOL_SIMD == 16
+#define STILE_ROWS 2
+#define STILE_STREAMS(T) ((T) == 1 ? 4 : 2)
+#define DEFINE_STILES(DT, SUF)                                                              \
+    DEFINE_STILE(1, 1, DT, SUF) DEFINE_STILE(1, 2, DT, SUF) DEFINE_STILE(1, 3, DT, SUF)     \
+    DEFINE_STILE(1, 4, DT, SUF) DEFINE_STILE(2, 1, DT, SUF) DEFINE_STILE(2, 2, DT, SUF)     \
+    static const mm_stile_fn st_tiles_##SUF[STILE_ROWS][4] = {                               \
+        { stile_##SUF##_1_1, stile_##SUF##_1_2, stile_##SUF##_1_3, stile_##SUF##_1_4 },     \
+        { stile_##SUF##_2_1, stile_##SUF##_2_2, NULL, NULL } };
+#else
+#define STILE_ROWS 1
+#define STILE_STREAMS(T) 2
+#define DEFINE_STILES(DT, SUF)                                                              \
+    DEFINE_STILE(1, 1, DT, SUF) DEFINE_STILE(1, 2, DT, SUF)                                 \
+    static const mm_stile_fn st_tiles_##SUF[STILE_ROWS][4] = {                               \
+        { stile_##SUF##_1_1, stile_##SUF##_1_2, NULL, NULL } };
+#endif
+DEFINE_STILES(DOL_DTYPE_F32, f32)
+DEFINE_STILES(DOL_DTYPE_F16, f16)
+DEFINE_STILES(DOL_DTYPE_BF16, bf16)
+
+/* The whole panels of [n0, n1) for T <= STILE_ROWS rows of x: cut into
+ * STILE_STREAMS(T) streams of `per` panels read in lockstep, then the
+ * panels left over (fewer than the streams) in one lockstep call. Returns
+ * the first row not done (a short last panel, or n0 when K is not a whole
+ * number of 16-element steps). */
+static int lockstep_rows(float *out, const float *x, int T, int K, const void *Wp, dol_dtype wt,
+                         int N, int n0, int n1)
+{
+    if (T > STILE_ROWS || K % DOL_PACK_K != 0) return n0;
+    const mm_stile_fn *f = (wt == DOL_DTYPE_F16    ? st_tiles_f16
+                            : wt == DOL_DTYPE_BF16 ? st_tiles_bf16
+                                                   : st_tiles_f32)[T - 1];
+    const int ns = STILE_STREAMS(T);
+    const int full = ((n1 < N ? n1 : N) - n0) / DOL_PACK_ROWS; /* whole panels */
+    const int per = full / ns, left = full % ns;
+    int n[4];
+    for (int i = 0; i < per; i++) {
+        for (int s = 0; s < ns; s++) n[s] = n0 + (s * per + i) * DOL_PACK_ROWS;
+        f[ns - 1](x, K, Wp, n, out, N);
+    }
+    for (int s = 0; s < left; s++) n[s] = n0 + (ns * per + s) * DOL_PACK_ROWS;
+    if (left) f[left - 1](x, K, Wp, n, out, N);
+    return n0 + full * DOL_PACK_ROWS;
+}
 #endif
 
 static void k_matmul_packed_rows(float *out, const float *x, int T, int K, const void *Wp,
                                  dol_dtype wt, int N, int n0, int n1)
 {
 #ifdef DOL_SIMD
-    const mm_tile_fn *tile = wt == DOL_DTYPE_F16    ? pk_tiles_f16
+    const pk_tile_fn *tile = wt == DOL_DTYPE_F16    ? pk_tiles_f16
                              : wt == DOL_DTYPE_BF16 ? pk_tiles_bf16
                                                     : pk_tiles_f32;
-    /* Cache blocking: the range is cut into chunks of panels of about
-     * PACK_CHUNK_BYTES; for each chunk, every group of four rows of x (in
-     * L1) meets every panel of the chunk (streamed from memory for the first
-     * group, from L2 for the others), so W is read from memory once. */
+    const pk_tile_fn *tile_pf = wt == DOL_DTYPE_F16    ? pk_tiles_pf_f16
+                                : wt == DOL_DTYPE_BF16 ? pk_tiles_pf_bf16
+                                                       : pk_tiles_pf_f32;
+    const size_t panel_bytes = (size_t)DOL_PACK_ROWS * K * w_size(wt);
     /* T rows in groups of at most PACK_XROWS, as even as possible (8 rows
      * go as 4 + 4, not 6 + 2) */
     const int groups = (T + PACK_XROWS - 1) / PACK_XROWS;
     if (T <= PACK_STREAM_ROWS) {
-        /* decode-sized: each panel meets every group while it is in L1, so
-         * the arithmetic overlaps the stream of W from memory; the panels
-         * of the range are visited as PACK_STREAMS interleaved streams
-         * (more reads in flight than one sequential stream gets from the
-         * prefetchers) */
+        /* batch-1/2 decode, memory-bound: the whole panels go through the
+         * lockstep tiles (four streams in flight per thread); the rest (a
+         * short last panel, K % 16 != 0) are visited as PACK_STREAMS
+         * streams interleaved panel by panel */
+        n0 = lockstep_rows(out, x, T, K, Wp, wt, N, n0, n1);
         const int panels = (n1 - n0 + DOL_PACK_ROWS - 1) / DOL_PACK_ROWS;
         const int per = (panels + PACK_STREAMS - 1) / PACK_STREAMS;
         for (int i = 0; i < per; i++)
@@ -408,13 +522,36 @@ static void k_matmul_packed_rows(float *out, const float *x, int T, int K, const
                 const int n = n0 + pi * DOL_PACK_ROWS;
                 for (int g = 0, t = 0; g < groups; g++) {
                     const int nr = T / groups + (g < T % groups);
-                    tile[nr](x + (size_t)t * K, K, Wp, n, out + (size_t)t * N, N);
+                    tile[nr](x + (size_t)t * K, K, Wp, n, out + (size_t)t * N, N, NULL, 0);
                     t += nr;
                 }
             }
         return;
     }
-    const size_t panel_bytes = (size_t)DOL_PACK_ROWS * K * w_size(wt);
+    if (T <= PACK_OUTER_ROWS) {
+        /* decode batches: each panel meets every group of rows of x in
+         * turn while it is in L1, and group g prefetches the g-th share of
+         * the next panel, `ppu` lines per 16 k, so the reads of W from
+         * memory run at a steady rate under the arithmetic instead of in a
+         * burst per panel */
+        const size_t unit = (size_t)DOL_PACK_ROWS * DOL_PACK_K * w_size(wt); /* bytes per 16 k */
+        const int ppu = (int)((unit / 64 + (size_t)groups - 1) / (size_t)groups);
+        const size_t share = (size_t)ppu * (size_t)(K / DOL_PACK_K) * 64;
+        for (int n = n0; n < n1; n += DOL_PACK_ROWS) {
+            const char *next = (const char *)Wp + (size_t)(n + DOL_PACK_ROWS) * K * w_size(wt);
+            for (int g = 0, t = 0; g < groups; g++) {
+                const int nr = T / groups + (g < T % groups);
+                tile_pf[nr](x + (size_t)t * K, K, Wp, n, out + (size_t)t * N, N,
+                            n + DOL_PACK_ROWS < n1 ? next + (size_t)g * share : NULL, ppu);
+                t += nr;
+            }
+        }
+        return;
+    }
+    /* prefill: the range is cut into chunks of panels of about
+     * PACK_CHUNK_BYTES; for each chunk, every group of rows of x (in L1)
+     * meets every panel of the chunk (streamed from memory for the first
+     * group, from L2 for the others), so W is read from memory once */
     int chunk = (int)(PACK_CHUNK_BYTES / panel_bytes) * DOL_PACK_ROWS;
     if (chunk < DOL_PACK_ROWS) chunk = DOL_PACK_ROWS;
     for (int c0 = n0; c0 < n1; c0 += chunk) {
@@ -422,7 +559,7 @@ static void k_matmul_packed_rows(float *out, const float *x, int T, int K, const
         for (int g = 0, t = 0; g < groups; g++) {
             const int nr = T / groups + (g < T % groups);
             for (int n = c0; n < c1; n += DOL_PACK_ROWS)
-                tile[nr](x + (size_t)t * K, K, Wp, n, out + (size_t)t * N, N);
+                tile[nr](x + (size_t)t * K, K, Wp, n, out + (size_t)t * N, N, NULL, 0);
             t += nr;
         }
     }

@@ -167,8 +167,11 @@ static void fused_task(void *ctx, int task, int worker)
 
 /* Plan the tasks of a fused job over the rows of its first `n_plan`
  * matrices, taken in order as one row space, and run it. Guided sizes: each
- * task takes 1/(2 x threads) of the rows still unassigned (whole 4-row
- * panels, at least 8 rows, never across two matrices), so the first tasks
+ * task takes 1/(2 x threads) of the rows still unassigned (in multiples of
+ * 16 rows, at least 16, never across two matrices: whole groups of four
+ * 4-row panels for the four-stream tiles of batch-1 decode, cpu_kernels.c;
+ * 16 against 4 and 8 was +2 % at batch 1 and 8, within the noise of one
+ * series but never worse), so the first tasks
  * are long (long sequential streams of W) and the last ones short (the
  * threads finish together). Small products run inline as one task per
  * matrix. */
@@ -186,8 +189,8 @@ static void fused_run(dol_pool *pool, fused_job *j, int n_plan)
             int size = N - r;
             if (split && n < FUSED_MAX_TASKS - n_plan) {
                 int want = (left + 2 * threads - 1) / (2 * threads);
-                want = (want + 3) & ~3;
-                if (want < 8) want = 8;
+                want = (want + 15) & ~15;
+                if (want < 16) want = 16;
                 if (want < size) size = want;
             }
             j->t_w[n] = (uint8_t)i;

@@ -289,13 +289,17 @@ static void test_matmul_rows(void **state)
 }
 
 /* Packed products over matrices big enough for several cache blocks and
- * both visiting orders (interleaved streams at 1-2 rows of x, cache-blocked
- * chunks from 3 rows on): the same bits as the row-major product, for every
- * variant, dtype and a task split at an arbitrary panel. */
+ * every visiting order (lockstep streams at 1-2 rows of x, each panel
+ * meeting every group of rows with a steady prefetch up to 16 rows,
+ * cache-blocked chunks beyond): the same bits as the row-major product, for
+ * every variant, dtype and a task split at arbitrary panels. The splits
+ * give the lockstep tiles ranges of 30, 7 and 38 whole panels (so 2, 3 and
+ * 2 panels left over at four streams, 0, 1, 0 at two) and a short last
+ * panel. */
 static void test_packed_large(void **state)
 {
     (void)state;
-    static const int Ts[] = { 1, 2, 3, 8, 13, 31 };
+    static const int Ts[] = { 1, 2, 3, 8, 13, 16, 17, 31 };
     const dol_cpu_kernels *v[N_NAMES];
     int nv = supported_variants(v);
     const int K = 1040, N = 301; /* K % 16 == 0, N % 4 == 1 */
@@ -315,7 +319,8 @@ static void test_packed_large(void **state)
             for (int i = 0; i < nv; i++) {
                 v[i]->matmul_rows(a, x, T, K, raw, dt, N, 0, N);
                 v[i]->matmul_packed_rows(b, x, T, K, pk, dt, N, 0, 120);
-                v[i]->matmul_packed_rows(b, x, T, K, pk, dt, N, 120, N);
+                v[i]->matmul_packed_rows(b, x, T, K, pk, dt, N, 120, 148);
+                v[i]->matmul_packed_rows(b, x, T, K, pk, dt, N, 148, N);
                 if (memcmp(a, b, sizeof(float) * (size_t)T * N) != 0)
                     fail_msg("packed %s [%s] K=%d N=%d T=%d differs from row-major", dol_dtype_name(dt),
                              v[i]->name, K, N, T);
