@@ -261,9 +261,10 @@ static int cpu_create(const dol_model *model, const dol_engine_params *p, int ct
     }
     e->n_blocks = (int)blocks;
 #ifdef MADV_HUGEPAGE
-    /* Attention reads each head's K and V of a block as 4 KiB runs spread
-     * over the pool: on 2 MiB pages (where the kernel has them) those
-     * reads stop costing a TLB miss each. */
+    /* Attention reads each head's K and V of a block as one 8 KiB run
+     * (head_dim 64), the runs of a sequence spread over the pool: on 2 MiB
+     * pages (where the kernel has them) they stop costing a TLB miss each
+     * (batch-8 decode +4.5 %, docs/performance.md). */
     (void)madvise(e->kv_pool, kv_bytes & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
 #endif
 
@@ -341,7 +342,8 @@ static int cpu_memory_info(void *impl, size_t *used, size_t *total)
     return -1;
 }
 
-/* Start of the K (which = 0) or V (1) region of layer `layer` in a block. */
+/* Start of KV head h's K (which = 0) or V (1) run of layer `layer` in a
+ * block (block_size * head_dim floats; layout above). */
 static float *kv_head(const cpu_engine *e, int32_t block, int layer, int h, int which)
 {
     return e->kv_pool + (size_t)block * e->block_floats +
@@ -349,6 +351,9 @@ static float *kv_head(const cpu_engine *e, int32_t block, int layer, int h, int 
            (size_t)(h * 2 + which) * e->block_size * e->c.head_dim;
 }
 
+/* Store KV heads h0 .. h1-1 of one token's K and V rows (kv_dim floats
+ * each) at row `row` of a block: K scattered dims-major into each head's K
+ * run, V one head_dim piece into each head's V run. */
 static void kv_store(cpu_engine *e, int32_t block, int layer, int row, const float *k,
                      const float *v, int h0, int h1)
 {
