@@ -322,6 +322,15 @@ static inline void v_sum4(const vecf a[4], float *out)
 #define PACK_XROWS 3
 #endif
 #define PACK_CHUNK_BYTES (192u * 1024u)
+
+/* Prefetch the 16-element chunk of a panel (all 4 rows: DOL_PACK_ROWS *
+ * DOL_PACK_K elements of esz bytes) that lies PACK_PF_BYTES beyond the one
+ * starting at `chunk`, the stream's own look-ahead in every packed tile. */
+static inline void prefetch_ahead(const char *chunk, size_t esz)
+{
+    for (size_t b = 0; b < DOL_PACK_ROWS * DOL_PACK_K * esz; b += 64)
+        _mm_prefetch(chunk + PACK_PF_BYTES + b, _MM_HINT_T0);
+}
 #define DEFINE_PTILE(NR, DT, SUF, PF, PSUF)                                                 \
     static void ptile##PSUF##_##SUF##_##NR(const float *x, int K, const void *Wp, int n,     \
                                            float *out, int N, const char *pf, int ppu)      \
@@ -341,8 +350,7 @@ static inline void v_sum4(const vecf a[4], float *out)
             const size_t o = (size_t)(k / DOL_PACK_K) * DOL_PACK_ROWS * DOL_PACK_K +       \
                              (size_t)(k % DOL_PACK_K);                                      \
             if (k % DOL_PACK_K == 0) /* a new chunk: fetch the one PACK_PF_BYTES ahead */  \
-                for (size_t b = 0; b < DOL_PACK_ROWS * DOL_PACK_K * esz; b += 64)           \
-                    _mm_prefetch(wb + o * esz + PACK_PF_BYTES + b, _MM_HINT_T0);            \
+                prefetch_ahead(wb + o * esz, esz);                                          \
             if (PF && pf && k % DOL_PACK_K == 0) /* steady prefetch of a later panel */    \
                 for (int q = 0; q < ppu; q++)                                               \
                     _mm_prefetch(pf + ((size_t)(k / DOL_PACK_K) * ppu + q) * 64, _MM_HINT_T0); \
@@ -428,9 +436,7 @@ DEFINE_PTILES(DOL_DTYPE_BF16, bf16)
             for (int s = 0; s < NS; s++) {                                                  \
                 const size_t base = (size_t)n[s] * K;                                       \
                 if (k % DOL_PACK_K == 0)                                                    \
-                    for (size_t b = 0; b < DOL_PACK_ROWS * DOL_PACK_K * esz; b += 64)       \
-                        _mm_prefetch((const char *)Wp + (base + o) * esz + PACK_PF_BYTES + b, \
-                                     _MM_HINT_T0);                                          \
+                    prefetch_ahead((const char *)Wp + (base + o) * esz, esz);               \
                 for (int c = 0; c < DOL_PACK_ROWS; c++) {                                   \
                     vecf w = v_load_w(Wp, t, base + o + (size_t)c * DOL_PACK_K);            \
                     for (int r = 0; r < NR; r++) acc[s][r][c] = v_fma(xv[r], w, acc[s][r][c]); \
