@@ -176,6 +176,7 @@ int main(int argc, char **argv)
     ep.n_threads = threads;
     ep.kv_block_size = cfg.kv_block_size;
     ep.kv_cache_tokens = cfg.kv_cache_tokens;
+    ep.prefix_caching = cfg.prefix_caching;
     ep.kv_cache_bytes = cfg.kv_cache_bytes;
     ep.max_seqs = cfg.max_batch_size + 1;
     ep.max_batch_tokens = cfg.prefill_chunk + cfg.max_batch_size;

@@ -61,6 +61,7 @@ typedef struct {
     double request_timeout_s;    /* default 600; 0 = none */
     double memory_high_watermark;/* default 0.80 */
     int64_t kv_cache_tokens;     /* default 0 = derive */
+    bool prefix_caching;         /* default true */
     int64_t kv_cache_bytes;      /* default 0 = derive */
     int kv_block_size;           /* default 16 */
     int prefill_chunk;           /* default 512 tokens per sequence per step */

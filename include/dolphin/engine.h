@@ -62,6 +62,11 @@ typedef struct {
     int context_len;          /* max positions per sequence; 0 = model's
                                  max_position_embeddings */
     dol_weight_format weights;
+    bool prefix_caching;      /* keep the K/V of whole prompt blocks after
+                                 their sequences end and share them with
+                                 later prompts that start with the same
+                                 tokens (dol_engine_seq_match_prefix);
+                                 {0} means off */
     bool quantize_lm_head;    /* weights NF4: quantize lm_head too (true is the
                                  usual choice; false keeps it as AUTO would:
                                  the checkpoint's F32/F16/BF16). Other
@@ -107,10 +112,36 @@ int dol_engine_seq_fork(dol_engine *e, int src, int n_tokens);
 /* Make sure the sequence has blocks for positions [0, n_tokens). Returns 0,
  * or -1 (nothing allocated) when the free list has too few blocks. */
 int dol_engine_seq_reserve(dol_engine *e, int seq, int n_tokens);
-/* Blocks needed to hold n_tokens, and the free-list state (in blocks). */
+/* Prefix cache (params.prefix_caching; both are no-ops when it is off).
+ * A block of the pool is cached once a sequence has computed the K/V of all
+ * its kv_block_size positions and offered it with dol_engine_seq_commit; it
+ * is then keyed by its tokens and by the cached block before it, so a hit
+ * is exact: the K/V of a position depend only on the tokens up to it
+ * (batch invariance, SPEC section 8), and a cached block stands only for
+ * the same tokens after the same cached blocks. Cached blocks that no
+ * sequence holds stay in the pool until a sequence needs a block and the
+ * free list is empty; then the least recently released goes first
+ * (the automatic prefix caching of vLLM, Kwon et al. 2023).
+ *
+ * match_prefix: for a new sequence (nothing reserved yet) about to hold
+ * tokens[0..n_tokens): takes the cached blocks of its longest cached
+ * prefix of whole blocks, never all n_tokens (the last token's logits must
+ * be computed). Returns the number of tokens (a multiple of the block size,
+ * 0 on a miss) whose K/V the sequence now holds; compute from there.
+ * commit: offers the whole blocks among positions [0, n_tokens) of seq,
+ * whose K/V have been computed from tokens[0..n_tokens), to the cache;
+ * blocks offered before are skipped (cheap to call after every step). */
+int dol_engine_seq_match_prefix(dol_engine *e, int seq, const int32_t *tokens, int n_tokens);
+void dol_engine_seq_commit(dol_engine *e, int seq, const int32_t *tokens, int n_tokens);
+/* True when the engine was created with prefix_caching. */
+bool dol_engine_kv_prefix_caching(const dol_engine *e);
+/* Blocks needed to hold n_tokens; the pool's size; the blocks a sequence
+ * can still take (free ones, plus cached ones that no sequence holds, which
+ * are evicted when taken); and how many of those are cached. */
 int dol_engine_blocks_for(const dol_engine *e, int n_tokens);
 int dol_engine_kv_blocks_total(const dol_engine *e);
 int dol_engine_kv_blocks_free(const dol_engine *e);
+int dol_engine_kv_blocks_cached(const dol_engine *e);
 int dol_engine_kv_block_size(const dol_engine *e);
 /* Bytes of KV cache per token (all layers, K and V). */
 size_t dol_engine_kv_bytes_per_token(const dol_engine *e);

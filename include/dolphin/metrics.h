@@ -62,6 +62,8 @@ typedef struct {
     int running_requests;
     int running_seqs;        /* sequences in the running batch */
     int kv_blocks_used, kv_blocks_total, kv_block_size;
+    int kv_blocks_cached;    /* unused blocks the prefix cache keeps */
+    uint64_t prefix_cache_query_tokens, prefix_cache_hit_tokens;
     size_t device_memory_used, device_memory_total; /* bytes */
     size_t weight_bytes;
     double gpu_utilization;  /* 0..1; < 0 when unknown (no NVML) */

@@ -102,6 +102,8 @@ struct dol_request {
     char error_type[48];     /* OpenAI error type, e.g. "timeout_error" */
     char error_code[48];
     char error_msg[256];
+    int n_cached_prompt;     /* prompt tokens whose K/V came from the prefix
+                                cache (usage.prompt_tokens_details) */
     /* timings, dol_now_ms() clock; 0 = not yet */
     double t_arrival_ms, t_start_ms, t_first_token_ms, t_done_ms;
 
@@ -168,8 +170,13 @@ typedef struct {
     int running_seqs;        /* sequences in the running batch */
     int running_requests;
     int kv_blocks_total, kv_blocks_used, kv_block_size;
+    int kv_blocks_cached;    /* unused blocks kept by the prefix cache (they
+                                count as free: taken when needed) */
     uint64_t steps;          /* forward steps so far */
-    uint64_t tokens_prompt, tokens_generated;  /* totals */
+    uint64_t tokens_prompt, tokens_generated;  /* totals (prompt: cached ones too) */
+    uint64_t prefix_cache_query_tokens; /* prompt tokens looked up in the
+                                           prefix cache, and those found */
+    uint64_t prefix_cache_hit_tokens;
     double last_step_ms;     /* dol_now_ms() at the last loop iteration */
     bool idle;               /* nothing queued or running */
     bool draining;

@@ -224,10 +224,16 @@ typedef struct {
     bool role;               /* chat chunks: the delta carries the role */
 } dol_api_choice;
 
-/* Usage figures; prompt_tokens < 0 leaves "usage" out. */
+/* Usage figures; prompt_tokens < 0 leaves "usage" out. cached_tokens: the
+ * prompt tokens whose K/V came from the prefix cache, given as
+ * usage.prompt_tokens_details.cached_tokens as OpenAI does. */
 typedef struct {
-    int64_t prompt_tokens, completion_tokens;
+    int64_t prompt_tokens, completion_tokens, cached_tokens;
 } dol_api_usage;
+
+/* Add "usage" (prompt, completion and total tokens, prompt_tokens_details)
+ * to root; nothing when usage is NULL or prompt_tokens < 0. 0, or -1 on OOM. */
+int dol_api_add_usage(cJSON *root, const dol_api_usage *usage);
 
 /* {"id","object":"text_completion","created","model","choices":[...],
  * "usage"?}. Takes over each choice's logprobs. NULL on OOM. */

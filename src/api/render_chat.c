@@ -21,18 +21,6 @@ static cJSON *base_object(const dol_api_meta *m, const char *object)
     return root;
 }
 
-static int add_usage(cJSON *root, const dol_api_usage *usage)
-{
-    if (!usage || usage->prompt_tokens < 0) return 0;
-    cJSON *u = cJSON_AddObjectToObject(root, "usage");
-    if (!u) return -1;
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)usage->prompt_tokens);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)usage->completion_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens",
-                            (double)(usage->prompt_tokens + usage->completion_tokens));
-    return 0;
-}
-
 /* The fields every choice has, after "message" / "delta". */
 static void add_choice_tail(cJSON *c, dol_api_choice *ch)
 {
@@ -74,7 +62,7 @@ cJSON *dol_api_chat_json(const dol_api_meta *m, dol_api_choice *ch, int n_choice
         cJSON_AddItemToObject(msg, "content", t);
         add_choice_tail(c, &ch[i]);
     }
-    if (add_usage(root, usage)) goto fail;
+    if (dol_api_add_usage(root, usage)) goto fail;
     return root;
 fail:
     drop_logprobs(ch, n_choices);
@@ -103,7 +91,7 @@ cJSON *dol_api_chat_chunk_json(const dol_api_meta *m, dol_api_choice *ch, int n_
         }
         add_choice_tail(c, &ch[i]);
     }
-    if (add_usage(root, usage)) goto fail;
+    if (dol_api_add_usage(root, usage)) goto fail;
     return root;
 fail:
     drop_logprobs(ch, n_choices);

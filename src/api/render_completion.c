@@ -53,6 +53,20 @@ cJSON *dol_api_ids_json(const int32_t *ids, int n)
     return a;
 }
 
+int dol_api_add_usage(cJSON *root, const dol_api_usage *usage)
+{
+    if (!usage || usage->prompt_tokens < 0) return 0;
+    cJSON *u = cJSON_AddObjectToObject(root, "usage");
+    if (!u) return -1;
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)usage->prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)usage->completion_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens",
+                            (double)(usage->prompt_tokens + usage->completion_tokens));
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    if (!d || !cJSON_AddNumberToObject(d, "cached_tokens", (double)usage->cached_tokens)) return -1;
+    return 0;
+}
+
 cJSON *dol_api_completion_json(const dol_api_meta *m, dol_api_choice *ch,
                                int n_choices, const dol_api_usage *usage)
 {
@@ -85,14 +99,7 @@ cJSON *dol_api_completion_json(const dol_api_meta *m, dol_api_choice *ch,
             cJSON_AddItemToObject(c, "token_ids",
                                   dol_api_ids_json(ch[i].token_ids, ch[i].n_token_ids));
     }
-    if (usage && usage->prompt_tokens >= 0) {
-        cJSON *u = cJSON_AddObjectToObject(root, "usage");
-        if (!u) goto fail;
-        cJSON_AddNumberToObject(u, "prompt_tokens", (double)usage->prompt_tokens);
-        cJSON_AddNumberToObject(u, "completion_tokens", (double)usage->completion_tokens);
-        cJSON_AddNumberToObject(u, "total_tokens",
-                                (double)(usage->prompt_tokens + usage->completion_tokens));
-    }
+    if (dol_api_add_usage(root, usage) != 0) goto fail;
     return root;
 fail:
     for (int i = 0; i < n_choices; i++) {

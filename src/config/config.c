@@ -142,6 +142,8 @@ static const field FIELDS[] = {
       .help = "KV-cache capacity in bytes; 0 = derive" },
     { .name = "kv_block_size", .type = F_INT, AT(kv_block_size), .min = 1, .max = 1024,
       .def = "16", .metavar = "N", .help = "tokens per KV-cache block" },
+    { .name = "prefix_caching", .type = F_BOOL, AT(prefix_caching), .def = "true",
+      .help = "keep the K/V of whole prompt blocks for later prompts that start alike" },
     { .name = "prefill_chunk", .type = F_INT, AT(prefill_chunk), .min = 1, .max = NONE,
       .def = "512", .metavar = "N", .help = "most prompt tokens per sequence per step" },
     /* keys and priorities */

@@ -79,7 +79,7 @@ int dol_engine_create(const dol_model *model, const dol_engine_params *p,
     e->tok_seq = malloc(sizeof(int32_t) * (size_t)e->max_T);
     e->tok_pos = malloc(sizeof(int32_t) * (size_t)e->max_T);
     if (!e->tok_id || !e->tok_seq || !e->tok_pos ||
-        dol_kv_blocks_init(&e->kv, n_blocks, bs, max_seqs) != 0) {
+        dol_kv_blocks_init(&e->kv, n_blocks, bs, max_seqs, p->prefix_caching) != 0) {
         dol_set_err(err, errlen, "engine: out of memory");
         dol_engine_free(e);
         return -1;
@@ -108,7 +108,7 @@ int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total)
      * logic that watches memory is exercised on every machine */
     size_t per_block = e->ops->kv_bytes_per_token(e->impl) * (size_t)e->kv.block_size;
     *total = per_block * (size_t)e->kv.n_blocks;
-    *used = per_block * (size_t)(e->kv.n_blocks - e->kv.n_free);
+    *used = per_block * (size_t)(e->kv.n_blocks - dol_kv_blocks_available(&e->kv));
     return 0;
 }
 int dol_engine_context_len(const dol_engine *e) { return e->ctx; }
@@ -125,7 +125,17 @@ int dol_engine_blocks_for(const dol_engine *e, int n)
     return (n + e->kv.block_size - 1) / e->kv.block_size;
 }
 int dol_engine_kv_blocks_total(const dol_engine *e) { return e->kv.n_blocks; }
-int dol_engine_kv_blocks_free(const dol_engine *e) { return e->kv.n_free; }
+int dol_engine_kv_blocks_free(const dol_engine *e) { return dol_kv_blocks_available(&e->kv); }
+int dol_engine_kv_blocks_cached(const dol_engine *e) { return e->kv.n_evictable; }
+bool dol_engine_kv_prefix_caching(const dol_engine *e) { return e->kv.prefix_caching; }
+int dol_engine_seq_match_prefix(dol_engine *e, int seq, const int32_t *tokens, int n_tokens)
+{
+    return dol_kv_seq_match_prefix(&e->kv, seq, tokens, n_tokens);
+}
+void dol_engine_seq_commit(dol_engine *e, int seq, const int32_t *tokens, int n_tokens)
+{
+    dol_kv_seq_commit(&e->kv, seq, tokens, n_tokens);
+}
 int dol_engine_kv_block_size(const dol_engine *e) { return e->kv.block_size; }
 size_t dol_engine_kv_bytes_per_token(const dol_engine *e) { return e->ops->kv_bytes_per_token(e->impl); }
 size_t dol_engine_weight_bytes(const dol_engine *e) { return e->ops->weight_bytes(e->impl); }

@@ -147,7 +147,7 @@ static enum MHD_Result respond_whole(dol_http_req *c)
     int total = c->n_reqs * c->n;
     dol_api_choice *ch = calloc((size_t)total, sizeof *ch);
     char **texts = calloc((size_t)total, sizeof *texts);
-    dol_api_usage usage = {0, 0};
+    dol_api_usage usage = {0, 0, 0};
     dol_api_error e = {0};
     bool failed = false, oom = !ch || !texts;
     for (int p = 0; p < c->n_reqs && !failed && !oom; p++) {
@@ -160,6 +160,7 @@ static enum MHD_Result respond_whole(dol_http_req *c)
             failed = true;
         }
         usage.prompt_tokens += r->n_prompt;
+        usage.cached_tokens += r->n_cached_prompt;
         for (int i = 0; i < c->n && !failed && !oom; i++) {
             const dol_choice *rc = &r->choices[i];
             int k = p * c->n + i;
@@ -343,12 +344,13 @@ static int produce(dol_http_req *c)
         if (emit_preamble(c)) return -1;
     }
     bool all_over = true;
-    int64_t prompt_tokens = 0, completion_tokens = 0;
+    int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     for (int p = 0; p < c->n_reqs; p++) {
         dol_request *r = c->reqs[p];
         int rc = 0;
         pthread_mutex_lock(&r->mu);
         prompt_tokens += r->n_prompt;
+        cached_tokens += r->n_cached_prompt;
         for (int i = 0; i < c->n && rc == 0; i++) {
             completion_tokens += r->choices[i].n_ids;
             rc = emit_progress(c, r, p, i);
@@ -361,7 +363,7 @@ static int produce(dol_http_req *c)
     if (!all_over) return 0;
     if (c->include_usage) {
         dol_api_meta m = meta_of(c);
-        dol_api_usage u = {prompt_tokens, completion_tokens};
+        dol_api_usage u = {prompt_tokens, completion_tokens, cached_tokens};
         cJSON *j = c->chat ? dol_api_chat_chunk_json(&m, NULL, 0, &u)
                            : dol_api_completion_json(&m, NULL, 0, &u);
         if (!j || emit(c, j)) return -1;

@@ -58,6 +58,9 @@ enum MHD_Result dol_http_metrics(dol_http_req *c)
     g.kv_blocks_used = rd.st.kv_blocks_used;
     g.kv_blocks_total = rd.st.kv_blocks_total;
     g.kv_block_size = rd.st.kv_block_size;
+    g.kv_blocks_cached = rd.st.kv_blocks_cached;
+    g.prefix_cache_query_tokens = rd.st.prefix_cache_query_tokens;
+    g.prefix_cache_hit_tokens = rd.st.prefix_cache_hit_tokens;
     g.device_memory_used = rd.st.mem_used_bytes;
     g.device_memory_total = rd.st.mem_total_bytes;
     g.weight_bytes = rd.st.weight_bytes;

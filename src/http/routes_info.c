@@ -261,6 +261,11 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
             cJSON_AddNumberToObject(kv, "blocks_used", st->kv_blocks_used);
             cJSON_AddNumberToObject(kv, "blocks_total", st->kv_blocks_total);
             cJSON_AddNumberToObject(kv, "block_size", st->kv_block_size);
+            cJSON_AddNumberToObject(kv, "blocks_cached", st->kv_blocks_cached);
+            cJSON_AddNumberToObject(kv, "prefix_cache_query_tokens",
+                                    (double)st->prefix_cache_query_tokens);
+            cJSON_AddNumberToObject(kv, "prefix_cache_hit_tokens",
+                                    (double)st->prefix_cache_hit_tokens);
         }
         cJSON *sc = cJSON_AddObjectToObject(root, "scheduler");
         if (sc) {

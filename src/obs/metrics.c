@@ -311,6 +311,13 @@ char *dol_metrics_render(dol_metrics *m, const dol_metrics_gauges *g, size_t *le
           g->kv_block_size);
     gauge(&o, "dolphin_kv_cache_usage_ratio", "Fraction of the KV-cache pool in use.",
           g->kv_blocks_total > 0 ? (double)g->kv_blocks_used / g->kv_blocks_total : 0.0);
+    gauge(&o, "dolphin_kv_cache_blocks_cached",
+          "KV-cache blocks no sequence holds that the prefix cache keeps (counted as free).",
+          g->kv_blocks_cached);
+    counter(&o, "dolphin_prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache.", g->prefix_cache_query_tokens);
+    counter(&o, "dolphin_prefix_cache_hits_total",
+            "Prompt tokens whose K/V came from the prefix cache.", g->prefix_cache_hit_tokens);
     gauge(&o, "dolphin_device_memory_used_bytes",
           "Device memory in use (CUDA: the whole device; CPU backend: the KV-cache pool).",
           (double)g->device_memory_used);

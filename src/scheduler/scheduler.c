@@ -63,6 +63,7 @@ struct dol_scheduler {
     float *lp_scratch;
 
     uint64_t n_steps, n_prompt_tokens, n_generated; /* copied into st */
+    uint64_t n_prefix_query_tokens, n_prefix_hit_tokens;
     double mem_sampled_ms;  /* last sample_memory */
     dol_scheduler_stats st;
 };
@@ -335,6 +336,10 @@ static int admit(dol_scheduler *s, dol_request *r)
     if (total > s->ctx) total = s->ctx;
     int seq = dol_engine_seq_new(s->e);
     if (seq < 0) return -1;
+    /* Prefix cache: the prompt's leading whole blocks may already be in the
+     * pool (an echo with logprobs needs every prompt token's logits, so it
+     * computes them all). */
+    int cached = r->echo_logprobs ? 0 : dol_engine_seq_match_prefix(s->e, seq, r->prompt_ids, r->n_prompt);
     if (dol_engine_seq_reserve(s->e, seq, total) != 0) {
         dol_engine_seq_free(s->e, seq);
         return -1;
@@ -353,15 +358,24 @@ static int admit(dol_scheduler *s, dol_request *r)
             return -1;
         }
         seq_t *q = &s->seqs[s->n_seqs - 1];
-        if (c == 0) q->seq = seq;
-        else q->waiting_fork = true;
+        if (c == 0) {
+            q->seq = seq;
+            q->n_past = cached;
+        } else {
+            q->waiting_fork = true;
+        }
     }
+    s->n_prompt_tokens += (uint64_t)cached; /* prompt tokens taken in, computed or not */
+    s->n_prefix_hit_tokens += (uint64_t)cached;
+    if (dol_engine_kv_prefix_caching(s->e) && !r->echo_logprobs)
+        s->n_prefix_query_tokens += (uint64_t)r->n_prompt;
     req_priv *rp = r->priv;
     rp->n_live = r->n;
     rp->admitted = true;
     pthread_mutex_lock(&r->mu);
     for (int c = 0; c < r->n; c++)
         dol_choice_out_init(&r->choices[c], s->tok, r->prompt_ids, r->n_prompt);
+    r->n_cached_prompt = cached;
     r->t_start_ms = dol_now_ms();
     pthread_mutex_unlock(&r->mu);
     return 0;
@@ -593,6 +607,7 @@ static void run_step(dol_scheduler *s)
         }
         refs[k].prefill_done = q->n_past + s->items[k].n_tokens == q->n_tokens;
         q->n_past += s->items[k].n_tokens;
+        dol_engine_seq_commit(s->e, q->seq, q->tokens, q->n_past); /* prefix cache */
         refs[k].r = q->r;
         refs[k].choice = q->choice;
         if (q->n_past <= q->r->n_prompt) s->n_prompt_tokens += s->items[k].n_tokens;
@@ -715,6 +730,7 @@ static void update_stats(dol_scheduler *s)
     s->st.running_requests = running_req;
     s->st.kv_blocks_total = dol_engine_kv_blocks_total(s->e);
     s->st.kv_blocks_used = s->st.kv_blocks_total - dol_engine_kv_blocks_free(s->e);
+    s->st.kv_blocks_cached = dol_engine_kv_blocks_cached(s->e);
     s->st.kv_block_size = dol_engine_kv_block_size(s->e);
     s->st.last_step_ms = dol_now_ms();
     s->st.idle = s->n_seqs == 0 && s->n_queue == 0;
@@ -722,6 +738,8 @@ static void update_stats(dol_scheduler *s)
     s->st.queued = s->n_queue;
     s->st.steps = s->n_steps;
     s->st.tokens_prompt = s->n_prompt_tokens;
+    s->st.prefix_cache_query_tokens = s->n_prefix_query_tokens;
+    s->st.prefix_cache_hit_tokens = s->n_prefix_hit_tokens;
     s->st.tokens_generated = s->n_generated;
     pthread_mutex_unlock(&s->mu);
 }

@@ -310,7 +310,7 @@ static void test_chat_json(void **state)
     dol_api_meta m = {"chatcmpl-x", "m", 7, pids, 3};
     dol_api_choice ch = {.index = 1, .text = "hi\xff", .text_len = 3, .finish = "stop",
                          .token_ids = tids, .n_token_ids = 2};
-    dol_api_usage u = {3, 2};
+    dol_api_usage u = {3, 2, 1};
     cJSON *j = dol_api_chat_json(&m, &ch, 1, &u);
     char *s = cJSON_PrintUnformatted(j);
     assert_string_equal(s, "{\"id\":\"chatcmpl-x\",\"object\":\"chat.completion\",\"created\":7,"
@@ -318,7 +318,7 @@ static void test_chat_json(void **state)
                            "\"message\":{\"role\":\"assistant\",\"content\":\"hi\xef\xbf\xbd\"},"
                            "\"logprobs\":null,\"finish_reason\":\"stop\",\"token_ids\":[4,5]}],"
                            "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,"
-                           "\"total_tokens\":5}}");
+                           "\"total_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":1}}}");
     free(s);
     cJSON_Delete(j);
 

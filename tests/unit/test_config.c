@@ -28,7 +28,7 @@ static const char *const KEYS[] = {
     "backend", "weights", "quantize_lm_head", "context_len", "temperature", "top_p", "top_k",
     "max_tokens", "batch_window_ms", "max_batch_size", "batch_mode", "max_queue",
     "request_timeout_s", "memory_high_watermark", "kv_cache_tokens",
-    "kv_cache_bytes", "kv_block_size", "prefill_chunk", "api_keys",
+    "kv_cache_bytes", "kv_block_size", "prefix_caching", "prefill_chunk", "api_keys",
     "default_priority", "drain_timeout_s", "vram_unready_ratio",
     "vram_unready_after_s", "log_level", "warmup",
 };
@@ -738,6 +738,8 @@ static void test_help_lists_every_flag(void **state)
             snprintf(flag, sizeof flag, "  --warmup, --no-warmup ");
         } else if (strcmp(KEYS[i], "quantize_lm_head") == 0) {
             snprintf(flag, sizeof flag, "  --quantize-lm-head, --no-quantize-lm-head\n");
+        } else if (strcmp(KEYS[i], "prefix_caching") == 0) {
+            snprintf(flag, sizeof flag, "  --prefix-caching, --no-prefix-caching");
         } else {
             snprintf(flag, sizeof flag, "  --%s ", KEYS[i]);
             for (char *p = flag; *p; p++) if (*p == '_') *p = '-';
