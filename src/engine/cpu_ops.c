@@ -173,8 +173,16 @@ static void fused_task(void *ctx, int task, int worker)
  * 16 against 4 and 8 was +2 % at batch 1 and 8, within the noise of one
  * series but never worse), so the first tasks
  * are long (long sequential streams of W) and the last ones short (the
- * threads finish together). Small products run inline as one task per
+ * threads finish together). At one or two rows of x (memory-bound decode)
+ * each task takes 1/threads instead: every task start costs its four
+ * streams a trip to memory, and halving the number of tasks made a cold
+ * 768 x 768, 4096 x 768 and 768 x 2048 F16 product at batch 1 take 20.7,
+ * 90.2 and 47.0 us instead of 23.8, 93.0 and 50.4 (medians of 3 runs, 2
+ * threads, Zen 5 VM); at 8 and 128 rows it was slower (239 against 210 us
+ * for 4096 x 768 at 8 rows). Small products run inline as one task per
  * matrix. */
+#define GUIDED_COARSE_ROWS 2 /* rows of x up to which tasks are 1/threads */
+
 static void fused_run(dol_pool *pool, fused_job *j, int n_plan)
 {
     const int threads = pool ? dol_pool_threads(pool) : 1;
@@ -188,7 +196,8 @@ static void fused_run(dol_pool *pool, fused_job *j, int n_plan)
         for (int r = 0; r < N;) {
             int size = N - r;
             if (split && n < FUSED_MAX_TASKS - n_plan) {
-                int want = (left + 2 * threads - 1) / (2 * threads);
+                const int div = (j->T <= GUIDED_COARSE_ROWS ? 1 : 2) * threads;
+                int want = (left + div - 1) / div;
                 want = (want + 15) & ~15;
                 if (want < 16) want = 16;
                 if (want < size) size = want;
