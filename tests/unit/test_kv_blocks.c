@@ -20,6 +20,17 @@ static void seq_tokens(int32_t *t, int n, int32_t base)
     for (int i = 0; i < n; i++) t[i] = base + i;
 }
 
+/* Tokens a new sequence about to hold t[0..n) would find in the cache; the
+ * sequence is released again (its hits go back to the evictable list). */
+static int lookup(dol_kv_blocks *kv, const int32_t *t, int n)
+{
+    int q = dol_kv_seq_new(kv);
+    assert_true(q >= 0);
+    int got = dol_kv_seq_match_prefix(kv, q, t, n);
+    dol_kv_seq_free(kv, q);
+    return got;
+}
+
 static void test_disabled(void **state)
 {
     (void)state;
@@ -64,25 +75,17 @@ static void test_hit_shares_blocks_and_leaves_a_token(void **state)
     assert_int_equal(dol_kv_blocks_available(&kv), 8 - 3 - 1);
 
     /* 9 tokens: two whole blocks would leave one; 8 tokens: only one may go */
-    int c = dol_kv_seq_new(&kv);
-    assert_int_equal(dol_kv_seq_match_prefix(&kv, c, t, 9), 8);
-    dol_kv_seq_free(&kv, c);
-    c = dol_kv_seq_new(&kv);
-    assert_int_equal(dol_kv_seq_match_prefix(&kv, c, t, 8), 4);
-    dol_kv_seq_free(&kv, c);
+    assert_int_equal(lookup(&kv, t, 9), 8);
+    assert_int_equal(lookup(&kv, t, 8), 4);
     /* a different first token: nothing */
     int32_t u[16];
     memcpy(u, t, sizeof u);
     u[0] = 7;
-    c = dol_kv_seq_new(&kv);
-    assert_int_equal(dol_kv_seq_match_prefix(&kv, c, u, 12), 0);
+    assert_int_equal(lookup(&kv, u, 12), 0);
     /* a different token inside block 1: block 0 only */
     memcpy(u, t, sizeof u);
     u[6] = 7;
-    dol_kv_seq_free(&kv, c);
-    c = dol_kv_seq_new(&kv);
-    assert_int_equal(dol_kv_seq_match_prefix(&kv, c, u, 12), 4);
-    dol_kv_seq_free(&kv, c);
+    assert_int_equal(lookup(&kv, u, 12), 4);
 
     /* when every sequence has gone, the cached blocks count as free */
     dol_kv_seq_free(&kv, a);
@@ -91,7 +94,7 @@ static void test_hit_shares_blocks_and_leaves_a_token(void **state)
     assert_int_equal(kv.n_evictable, 2);
     assert_int_equal(kv.n_free, 6);
     /* and a hit takes them back off the evictable list */
-    c = dol_kv_seq_new(&kv);
+    int c = dol_kv_seq_new(&kv);
     assert_int_equal(dol_kv_seq_match_prefix(&kv, c, t, 16), 8);
     assert_int_equal(kv.n_evictable, 0);
     assert_int_equal(dol_kv_blocks_available(&kv), 6);
@@ -119,17 +122,13 @@ static void test_eviction_last_block_first(void **state)
     assert_int_equal(dol_kv_seq_reserve(&kv, b, 8), 0);
     assert_int_equal(kv.n_evictable, 2);
     assert_int_equal(dol_kv_blocks_available(&kv), 2);
-    int c = dol_kv_seq_new(&kv);
-    assert_int_equal(dol_kv_seq_match_prefix(&kv, c, t, 16), 8); /* blocks 0, 1 left */
-    dol_kv_seq_free(&kv, c);
+    assert_int_equal(lookup(&kv, t, 16), 8); /* blocks 0, 1 left */
     /* the pool is full: more than what is free or evictable fails, changing nothing */
     assert_int_equal(dol_kv_seq_reserve(&kv, b, 20), -1);
     assert_int_equal(kv.seqs[b].n_blocks, 2);
     assert_int_equal(dol_kv_seq_reserve(&kv, b, 16), 0);     /* evicts both */
     assert_int_equal(dol_kv_blocks_available(&kv), 0);
-    c = dol_kv_seq_new(&kv);
-    assert_int_equal(dol_kv_seq_match_prefix(&kv, c, t, 16), 0);
-    dol_kv_seq_free(&kv, c);
+    assert_int_equal(lookup(&kv, t, 16), 0);
     dol_kv_seq_free(&kv, b);
     assert_int_equal(dol_kv_blocks_available(&kv), 4);
     dol_kv_blocks_destroy(&kv);
@@ -176,13 +175,9 @@ static void test_evicted_parent_cuts_the_chain(void **state)
     assert_true(kv.cached[x0]);
     dol_kv_seq_free(&kv, z);
     /* W0 T1: block 0 is z's, and s1 (cached after the old x0) must not follow */
-    int q = dol_kv_seq_new(&kv);
-    assert_int_equal(dol_kv_seq_match_prefix(&kv, q, w, 9), 4);
-    dol_kv_seq_free(&kv, q);
+    assert_int_equal(lookup(&kv, w, 9), 4);
     /* T0 T1 finds nothing: T0's block is gone */
-    q = dol_kv_seq_new(&kv);
-    assert_int_equal(dol_kv_seq_match_prefix(&kv, q, t, 9), 0);
-    dol_kv_seq_free(&kv, q);
+    assert_int_equal(lookup(&kv, t, 9), 0);
     dol_kv_seq_free(&kv, f);
     assert_int_equal(dol_kv_blocks_available(&kv), 6);
     dol_kv_blocks_destroy(&kv);
@@ -216,9 +211,7 @@ static void test_fork_with_cache(void **state)
     dol_kv_seq_free(&kv, a);
     dol_kv_seq_free(&kv, b);
     assert_int_equal(dol_kv_blocks_available(&kv), 8);
-    int c = dol_kv_seq_new(&kv);
-    assert_int_equal(dol_kv_seq_match_prefix(&kv, c, tb, 13), 12);
-    dol_kv_seq_free(&kv, c);
+    assert_int_equal(lookup(&kv, tb, 13), 12);
     dol_kv_blocks_destroy(&kv);
 }
 
