@@ -270,6 +270,15 @@ int dol_kv_seq_fork(dol_kv_blocks *kv, int src, int n_tokens,
 
 /* ---- prefix cache -------------------------------------------------------- */
 
+/* The cached block holding tokens t[0..block_size) right after s's chain
+ * (-1 if none); *h gets the key's hash, for cache_insert. */
+static int32_t chain_find(const dol_kv_blocks *kv, const dol_kv_seq *s, const int32_t *t,
+                          uint64_t *h)
+{
+    *h = block_hash(s->chain_id, s->chain_gen, t, kv->block_size);
+    return cache_find(kv, *h, s->chain_id, s->chain_gen, t);
+}
+
 int dol_kv_seq_match_prefix(dol_kv_blocks *kv, int seq, const int32_t *tokens, int n)
 {
     if (!kv->prefix_caching || !dol_kv_seq_live(kv, seq) || n < 2) return 0;
@@ -280,8 +289,8 @@ int dol_kv_seq_match_prefix(dol_kv_blocks *kv, int seq, const int32_t *tokens, i
     int j = 0;
     for (; j < most; j++) {
         const int32_t *t = tokens + (size_t)j * (size_t)bs;
-        uint64_t h = block_hash(s->chain_id, s->chain_gen, t, bs);
-        int32_t b = cache_find(kv, h, s->chain_id, s->chain_gen, t);
+        uint64_t h;
+        int32_t b = chain_find(kv, s, t, &h);
         if (b < 0 || grow_table(s, j + 1) != 0) break;
         if (kv->refs[b] == 0) lru_remove(kv, b);
         kv->refs[b]++;
@@ -303,8 +312,8 @@ void dol_kv_seq_commit(dol_kv_blocks *kv, int seq, const int32_t *tokens, int n)
     if (full > s->n_blocks) full = s->n_blocks;
     for (int j = s->n_chained; j < full; j++) {
         const int32_t *t = tokens + (size_t)j * (size_t)bs;
-        uint64_t h = block_hash(s->chain_id, s->chain_gen, t, bs);
-        int32_t b = cache_find(kv, h, s->chain_id, s->chain_gen, t);
+        uint64_t h;
+        int32_t b = chain_find(kv, s, t, &h);
         if (b < 0) {
             /* not known yet: this sequence's own block becomes the cached
              * one (unless it already is, under an older key: a block
