@@ -405,8 +405,8 @@ typedef struct {
     cpu_engine *e;
     int layer;
     const dol_cpu_kernels *kern;
-    int T, chunk;             /* tokens of the batch; tokens per task */
-    bool fused;               /* decode batch: tasks are (token, KV head) and do RoPE + KV store too */
+    int T, chunk;             /* tokens of the batch; tokens per task (KV heads per task when fused) */
+    bool fused;               /* decode batch: tasks are (token, run of KV heads) and do RoPE + KV store too */
 } attn_job;
 
 /* One task: one query head over a chunk of tokens (consecutive tokens of a
@@ -430,20 +430,55 @@ static void attn_one(const attn_job *j, int t, int h, int worker)
                        e->att + (size_t)t * e->q_dim + (size_t)h * hd);
 }
 
+/* Bytes of a head's K/V that kv_prefetch asks for into L1 (a quarter of a
+ * 48 KiB L1D, so the head being computed keeps its lines) and in all (the
+ * rest goes to L2, 1 MiB and more on the x86-64 parts we target). */
+#define KV_PREFETCH_L1_BYTES (12u * 1024u)
+#define KV_PREFETCH_MAX_BYTES (512u * 1024u)
+
+/* Ask the caches for what KV head g of layer `layer` will read and write
+ * for token t: the K and V runs of every block of the token's sequence up
+ * to its position (one contiguous 2 * block_size * head_dim run of floats
+ * per block, see kv_head). In a decode step these lines were evicted by the
+ * weights streamed since the previous step, and each head's runs lie in
+ * their own 4 KiB pages, so without this every run starts with a full
+ * memory latency. A hint only: no value changes. */
+static void kv_prefetch(const cpu_engine *e, int t, int layer, int g)
+{
+    const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
+    const int n = e->tok_pos[t] + 1, bs = e->block_size;
+    const size_t run = 2 * (size_t)bs * (size_t)e->c.head_dim * sizeof(float);
+    size_t asked = 0;
+    for (int b = 0; b < (n + bs - 1) / bs && asked < KV_PREFETCH_MAX_BYTES; b++, asked += run) {
+        const char *p = (const char *)kv_head(e, s->table[b], layer, g, 0);
+        for (size_t o = 0; o < run; o += 64) {
+            if (asked + o < KV_PREFETCH_L1_BYTES) __builtin_prefetch(p + o, 0, 3);
+            else __builtin_prefetch(p + o, 0, 2);
+        }
+    }
+}
+
 static void attn_task(void *ctx, int task, int worker)
 {
     const attn_job *j = ctx;
     cpu_engine *e = j->e;
     const dol_model_config *c = &e->c;
     if (j->fused) {
-        /* one token (its own sequence) and one KV head: RoPE on the query
-         * heads of the group and on the key head, the head's K/V into the
-         * cache, then the group's attention (the same operations per
-         * element as the unfused path, so the same bits) */
-        const int t = task / c->n_kv_heads, g = task % c->n_kv_heads;
+        /* one token (its own sequence) and a run of KV heads, each in
+         * turn: RoPE on the query heads of the group and on the key head,
+         * the head's K/V into the cache, then the group's attention (the
+         * same operations per element as the unfused path, so the same
+         * bits), with the next head's K/V prefetched meanwhile */
+        const int per_token = (c->n_kv_heads + j->chunk - 1) / j->chunk;
+        const int t = task / per_token, g0 = task % per_token * j->chunk;
+        const int g1 = g0 + j->chunk < c->n_kv_heads ? g0 + j->chunk : c->n_kv_heads;
         const int group = c->n_heads / c->n_kv_heads;
-        rope_and_store(e, t, j->layer, g, g + 1);
-        for (int h = g * group; h < (g + 1) * group; h++) attn_one(j, t, h, worker);
+        kv_prefetch(e, t, j->layer, g0);
+        for (int g = g0; g < g1; g++) {
+            if (g + 1 < g1) kv_prefetch(e, t, j->layer, g + 1);
+            rope_and_store(e, t, j->layer, g, g + 1);
+            for (int h = g * group; h < (g + 1) * group; h++) attn_one(j, t, h, worker);
+        }
         return;
     }
     const int h = task % c->n_heads, chunk = task / c->n_heads;
@@ -463,16 +498,25 @@ static void attention(cpu_engine *e, int T, int layer)
     dol_pool_run(e->pool, attn_task, &j, chunks * e->c.n_heads);
 }
 
-/* RoPE, KV store and attention as one job of (token, KV head) tasks, for a
- * batch whose tokens all belong to different sequences (decode): no token
- * then reads another token's K/V of this step, so nothing orders the tasks.
- * The KV writes miss the cache (the weights streamed through it since the
- * previous step; dims-major K puts one head's row in head_dim lines), and
- * here both threads take their share of them. */
+/* RoPE, KV store and attention as one job of (token, run of KV heads)
+ * tasks, for a batch whose tokens all belong to different sequences
+ * (decode): no token then reads another token's K/V of this step, so
+ * nothing orders the tasks. The KV reads and writes miss the cache (the
+ * weights streamed through it since the previous step; dims-major K puts
+ * one head's row in head_dim lines), so each task prefetches the next
+ * head's K/V while it computes one (kv_prefetch). Each token's heads are
+ * cut into one run per thread, and never into runs of fewer than two heads
+ * (a run of one has nothing to prefetch ahead): 110m shape, 2 threads,
+ * decode batch 8, 8 alternating rounds: +6 % tokens/s against one task per
+ * (token, KV head) without prefetch; batch 1: +1 %. */
 static void attention_decode(cpu_engine *e, int T, int layer)
 {
-    attn_job j = { e, layer, dol_cpu_kernels_get(), T, 1, true };
-    dol_pool_run(e->pool, attn_task, &j, T * e->c.n_kv_heads);
+    const int kvh = e->c.n_kv_heads, threads = dol_pool_threads(e->pool);
+    int run = (kvh + threads - 1) / threads;
+    if (run < 2) run = 2;
+    if (run > kvh) run = kvh;
+    attn_job j = { e, layer, dol_cpu_kernels_get(), T, run, true };
+    dol_pool_run(e->pool, attn_task, &j, T * ((kvh + run - 1) / run));
 }
 
 /* ---- per-token steps ------------------------------------------------------ */

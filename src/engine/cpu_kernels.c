@@ -836,24 +836,20 @@ static void attn_block_scores(const float *q, int hd, const float *kt, int bs, f
 }
 
 #ifdef DOL_SIMD
-/* Four blocks at once: four independent chains per vector of positions,
- * each with exactly attn_block_scores' order. */
-static void attn_block_scores4(const float *q, int hd, const float *const kt[4], int bs, float *s)
+/* M (2..4) blocks at once: M independent chains per vector of positions,
+ * each with exactly attn_block_scores' order (one chain alone waits out the
+ * FMA latency at every i). */
+static inline __attribute__((always_inline)) void
+attn_block_scores_m(const float *q, int hd, const float *const kt[4], int m, int bs, float *s)
 {
     for (int r = 0; r + DOL_SIMD <= bs; r += DOL_SIMD) {
-        vecf a0 = v_zero(), a1 = v_zero(), a2 = v_zero(), a3 = v_zero();
+        vecf a[4] = { v_zero(), v_zero(), v_zero(), v_zero() };
         for (int i = 0; i < hd; i++) {
             vecf qi = v_set1(q[i]);
             size_t o = (size_t)i * bs + r;
-            a0 = v_fma(qi, v_load(kt[0] + o), a0);
-            a1 = v_fma(qi, v_load(kt[1] + o), a1);
-            a2 = v_fma(qi, v_load(kt[2] + o), a2);
-            a3 = v_fma(qi, v_load(kt[3] + o), a3);
+            for (int j = 0; j < m; j++) a[j] = v_fma(qi, v_load(kt[j] + o), a[j]);
         }
-        v_store(s + r, a0);
-        v_store(s + bs + r, a1);
-        v_store(s + 2 * bs + r, a2);
-        v_store(s + 3 * bs + r, a3);
+        for (int j = 0; j < m; j++) v_store(s + (size_t)j * bs + r, a[j]);
     }
 }
 #endif
@@ -866,10 +862,14 @@ static void k_attn_head(const float *q, int hd, int n, const float *k_base, cons
     int b = 0;
 #ifdef DOL_SIMD
     if (bs % DOL_SIMD == 0)
-        for (; b + 4 <= nb; b += 4) {
+        while (nb - b >= 2) {
+            const int m = nb - b >= 4 ? 4 : nb - b;
             const float *kt[4];
-            for (int j = 0; j < 4; j++) kt[j] = k_base + (size_t)table[b + j] * block_floats;
-            attn_block_scores4(q, hd, kt, bs, sc + (size_t)b * bs);
+            for (int j = 0; j < m; j++) kt[j] = k_base + (size_t)table[b + j] * block_floats;
+            if (m == 4) attn_block_scores_m(q, hd, kt, 4, bs, sc + (size_t)b * bs);
+            else if (m == 3) attn_block_scores_m(q, hd, kt, 3, bs, sc + (size_t)b * bs);
+            else attn_block_scores_m(q, hd, kt, 2, bs, sc + (size_t)b * bs);
+            b += m;
         }
 #endif
     for (; b < nb; b++)

@@ -551,7 +551,7 @@ static void test_attn_head(void **state)
     (void)state;
     static const int hds[] = { 1, 7, 16, 33, 64, 128 };
     static const int bss[] = { 16, 8, 5 };
-    static const int ns[] = { 1, 2, 15, 16, 17, 63, 64, 65, 100 };
+    static const int ns[] = { 1, 2, 15, 16, 17, 40, 63, 64, 65, 100 };
     const dol_cpu_kernels *v[N_NAMES];
     int nv = supported_variants(v);
     int cases = 0;
