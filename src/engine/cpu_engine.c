@@ -176,13 +176,6 @@ static dol_cpu_weight weight_of(const linear_w *w)
                              (int)w->w.cols, w->packed };
 }
 
-/* out[T][N] = x[T][K] W^T for a linear layer in whichever format it is held. */
-static void linear(cpu_engine *e, float *out, const float *x, int T, const linear_w *w)
-{
-    const dol_cpu_weight cw = weight_of(w);
-    dol_cpu_matmul_multi(e->pool, x, T, cw.K, &cw, &out, 1);
-}
-
 /* ---- create / free ------------------------------------------------------- */
 
 static void *xcalloc(size_t n, size_t sz, int *fail)
@@ -648,15 +641,16 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
         t0 += it->n_tokens;
     }
     int item = 0, item_row = 0;
+    const dol_cpu_weight lm = weight_of(&e->lm_head);
     for (int r0 = 0; r0 < rows; r0 += LOGIT_ROWS_CHUNK) {
         int nr = rows - r0 < LOGIT_ROWS_CHUNK ? rows - r0 : LOGIT_ROWS_CHUNK;
-        linear(e, e->logits_ws, e->xb + (size_t)r0 * d, nr, &e->lm_head);
+        float *dst[LOGIT_ROWS_CHUNK];
         for (int r = 0; r < nr; r++) {
             while (item_row >= items[item].n_logits) { item++; item_row = 0; }
-            memcpy(items[item].logits + (size_t)item_row * c->vocab_size,
-                   e->logits_ws + (size_t)r * c->vocab_size, sizeof(float) * c->vocab_size);
+            dst[r] = items[item].logits + (size_t)item_row * c->vocab_size;
             item_row++;
         }
+        dol_cpu_matmul_scatter(e->pool, dst, e->logits_ws, e->xb + (size_t)r0 * d, nr, d, &lm);
     }
     return 0;
 }

@@ -116,7 +116,7 @@ float dol_cpu_dot(const float *x, const void *w, dol_dtype wtype, int n)
 
 /* ---- fused jobs: several products, residual add, SwiGLU ------------------ */
 
-enum { EPI_STORE, EPI_ADD, EPI_SWIGLU };
+enum { EPI_STORE, EPI_ADD, EPI_SWIGLU, EPI_SCATTER };
 
 #define FUSED_MAX_TASKS 256
 
@@ -134,6 +134,7 @@ typedef struct {
     int t_n0[FUSED_MAX_TASKS], t_n1[FUSED_MAX_TASKS];
     int epi;
     float *acc;                 /* EPI_ADD: the residual stream; EPI_SWIGLU: h */
+    float *const *rows;         /* EPI_SCATTER: where row t of the product goes */
 } fused_job;
 
 static void rows_of(const fused_job *j, int i, float *out, int n0, int n1)
@@ -156,6 +157,9 @@ static void fused_task(void *ctx, int task, int worker)
             const float *o = j->out[0] + (size_t)t * N;
             for (int n = n0; n < n1; n++) a[n] += o[n];
         }
+    } else if (j->epi == EPI_SCATTER) {
+        for (int t = 0; t < j->T; t++)
+            memcpy(j->rows[t] + n0, j->out[0] + (size_t)t * N + n0, sizeof(float) * (size_t)(n1 - n0));
     } else if (j->epi == EPI_SWIGLU) {
         rows_of(j, 1, j->out[1], n0, n1);
         for (int t = 0; t < j->T; t++) {
@@ -253,6 +257,14 @@ void dol_cpu_matmul_add(dol_pool *pool, float *acc, float *tmp, const float *x, 
 {
     fused_job j = { .k = dol_cpu_kernels_get(), .x = x, .T = T, .K = K, .n_w = 1,
                     .W = { W }, .out = { tmp }, .epi = EPI_ADD, .acc = acc };
+    fused_run(pool, &j, 1);
+}
+
+void dol_cpu_matmul_scatter(dol_pool *pool, float *const *rows, float *tmp, const float *x, int T,
+                            int K, const dol_cpu_weight *W)
+{
+    fused_job j = { .k = dol_cpu_kernels_get(), .x = x, .T = T, .K = K, .n_w = 1,
+                    .W = { W }, .out = { tmp }, .epi = EPI_SCATTER, .rows = rows };
     fused_run(pool, &j, 1);
 }
 

@@ -74,6 +74,14 @@ void dol_cpu_matmul_multi(dol_pool *pool, const float *x, int T, int K,
 void dol_cpu_matmul_add(dol_pool *pool, float *acc, float *tmp, const float *x, int T, int K,
                         const dol_cpu_weight *W);
 
+/* Product whose rows go to separate buffers: rows[t][n] = (x W^T)[t][n]
+ * for t < T, n < W->N, each task copying the columns it computed out of tmp
+ * ([T][W->N] scratch) while they are in cache, in parallel, instead of the
+ * caller copying T rows afterwards (the logits of a decode batch: T rows of
+ * vocab floats, each to its own sequence). Same bits as dol_cpu_matmul. */
+void dol_cpu_matmul_scatter(dol_pool *pool, float *const *rows, float *tmp, const float *x, int T,
+                            int K, const dol_cpu_weight *W);
+
 /* SwiGLU (Shazeer 2020) fused with its two products: h[t][n] =
  * silu(g) * u, g = (x Wg^T)[t][n], u = (x Wu^T)[t][n], each task doing the
  * columns it computed. h and u_tmp: [T][N] (N = gate->N = up->N). Same bits
