@@ -332,7 +332,8 @@ static void test_packed_large(void **state)
 }
 
 /* dol_cpu_matmul (thread pool, task split) gives the bits of the selected
- * variant's matmul_rows, for every variant selected in turn. */
+ * variant's matmul_rows, for every variant selected in turn; so does
+ * dol_cpu_matmul_scatter, each row in its own buffer. */
 static void test_matmul_through_pool(void **state)
 {
     (void)state;
@@ -354,6 +355,17 @@ static void test_matmul_through_pool(void **state)
             dol_cpu_matmul(pool, a, x, T, K, raw, g_dtypes[d], N);
             v[i]->matmul_rows(b, x, T, K, raw, g_dtypes[d], N, 0, N);
             assert_memory_equal(a, b, sizeof(float) * T * N);
+            /* rows to separate buffers, given in reverse order */
+            float *tmp = malloc(sizeof(float) * T * N), *sep[T];
+            assert_non_null(tmp);
+            for (int t = 0; t < T; t++) assert_non_null(sep[t] = malloc(sizeof(float) * N));
+            float *rows[T];
+            for (int t = 0; t < T; t++) rows[t] = sep[T - 1 - t];
+            const dol_cpu_weight w = { raw, g_dtypes[d], NULL, N, K, false };
+            dol_cpu_matmul_scatter(pool, rows, tmp, x, T, K, &w);
+            for (int t = 0; t < T; t++) assert_memory_equal(rows[t], b + (size_t)t * N, sizeof(float) * N);
+            for (int t = 0; t < T; t++) free(sep[t]);
+            free(tmp);
         }
         free(a);
         free(b);
