@@ -499,9 +499,10 @@ static void attention(cpu_engine *e, int T, int layer)
  * one head's row in head_dim lines), so each task prefetches the next
  * head's K/V while it computes one (kv_prefetch). Each token's heads are
  * cut into one run per thread, and never into runs of fewer than two heads
- * (a run of one has nothing to prefetch ahead): 110m shape, 2 threads,
- * decode batch 8, 8 alternating rounds: +6 % tokens/s against one task per
- * (token, KV head) without prefetch; batch 1: +1 %. */
+ * (a run of one has nothing to prefetch ahead). 110m shape, 2 threads,
+ * 6-8 alternating rounds against one task per (token, KV head) without
+ * prefetch: decode batch 8 +4.5..6 % tokens/s, batch 1 +1..4 %; runs of 3
+ * or 12 heads instead of 6: alike or slower (docs/performance.md). */
 static void attention_decode(cpu_engine *e, int T, int layer)
 {
     const int kvh = e->c.n_kv_heads, threads = dol_pool_threads(e->pool);
