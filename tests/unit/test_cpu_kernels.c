@@ -29,6 +29,7 @@
 #include "engine/cpu_kernels.h"
 #include "engine/cpu_ops.h"
 #include "engine/nf4.h"
+#include "test_fixtures.h"
 
 extern char **environ;
 
@@ -650,20 +651,8 @@ static float *logits_of(dol_engine *e, const int32_t *tok, int n)
 static void test_engine_bf16_weights(void **state)
 {
     (void)state;
-    const char *shared = getenv("DOLPHIN_SHARED");
-    if (!shared || !*shared) {
-        print_message("  note: DOLPHIN_SHARED not set; skipped\n");
-        skip();
-    }
-    char dir[1200], err[DOL_ERR_LEN], probe[1300];
-    snprintf(dir, sizeof dir, "%s/models/stories260K", shared);
-    snprintf(probe, sizeof probe, "%s/config.json", dir);
-    FILE *f = fopen(probe, "r");
-    if (!f) {
-        print_message("  note: %s not found (set DOLPHIN_SHARED); skipped\n", dir);
-        skip();
-    }
-    fclose(f);
+    char dir[1200], err[DOL_ERR_LEN];
+    test_fixture_model(dir, sizeof dir, "stories260K");
     dol_model *m = NULL;
     int rc = dol_model_load(dir, &m, err, sizeof err);
     if (rc != 0) fprintf(stderr, "%s\n", err);

@@ -27,22 +27,7 @@
 #include "engine/cpu_ops.h"
 #include "engine/nf4.h"
 #include "engine/threadpool.h"
-
-static char g_shared[1024];
-
-/* dir = the fixture model `name`; skips the calling test when it is absent. */
-static void fixture_model(char *dir, size_t n, const char *name)
-{
-    snprintf(dir, n, "%s/models/%s", g_shared, name);
-    char probe[1300];
-    snprintf(probe, sizeof probe, "%s/config.json", dir);
-    FILE *f = fopen(probe, "r");
-    if (!f) {
-        print_message("  note: %s not found (set DOLPHIN_SHARED); skipped\n", dir);
-        skip();
-    }
-    fclose(f);
-}
+#include "test_fixtures.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -333,7 +318,7 @@ static void test_matmul_batch_invariant(void **state)
 static cJSON *load_json(const char *rel)
 {
     char path[1200];
-    snprintf(path, sizeof path, "%s/%s", g_shared, rel);
+    snprintf(path, sizeof path, "%s/%s", test_shared_dir(), rel);
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     fseek(f, 0, SEEK_END);
@@ -443,7 +428,7 @@ static void test_engine_memory(void **state)
 {
     (void)state;
     char dir[1200], err[DOL_ERR_LEN];
-    fixture_model(dir, sizeof dir, "stories260K");
+    test_fixture_model(dir, sizeof dir, "stories260K");
     dol_model *m = NULL;
     assert_int_equal(dol_model_load(dir, &m, err, sizeof err), 0);
     const dol_model_config *c = &m->cfg;
@@ -498,7 +483,7 @@ static void test_engine_stories(void **state)
 {
     (void)state;
     char dir[1200], err[DOL_ERR_LEN];
-    fixture_model(dir, sizeof dir, "stories260K");
+    test_fixture_model(dir, sizeof dir, "stories260K");
     dol_model *m = NULL;
     assert_int_equal(dol_model_load(dir, &m, err, sizeof err), 0);
     int32_t ids[300];
@@ -577,7 +562,7 @@ static void test_engine_tiny_llama2(void **state)
 {
     (void)state;
     char dir[1200], err[DOL_ERR_LEN];
-    fixture_model(dir, sizeof dir, "tiny-llama2");
+    test_fixture_model(dir, sizeof dir, "tiny-llama2");
     dol_model *m = NULL;
     assert_int_equal(dol_model_load(dir, &m, err, sizeof err), 0);
     dol_engine *eh = open_engine(m, DOL_WEIGHTS_F16, true, 2);
@@ -608,8 +593,6 @@ static void test_engine_tiny_llama2(void **state)
 
 int main(void)
 {
-    const char *s = getenv("DOLPHIN_SHARED");
-    snprintf(g_shared, sizeof g_shared, "%s", s && *s ? s : "../shared");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_levels),
         cmocka_unit_test(test_roundtrip_exact),
