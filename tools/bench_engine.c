@@ -643,7 +643,8 @@ int main(int argc, char **argv)
 
     int n_toks = max_prompt + SHORT_PROMPT + decode + max_b + 1;
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_toks);
-    float *logits = malloc(sizeof(float) * (size_t)V * (size_t)max_b);
+    float *logits = NULL; /* on a cache line, as the server's (scheduler.c) */
+    if (posix_memalign((void **)&logits, 64, sizeof(float) * (size_t)V * (size_t)max_b) != 0) logits = NULL;
     if (!toks || !logits) { fprintf(stderr, "bench_engine: out of memory for tokens and logits\n"); return 1; }
     for (int i = 0; i < n_toks; i++) toks[i] = 3 + (int32_t)((int64_t)i * 7919 % (V - 3));
     b.toks = toks;

@@ -290,7 +290,10 @@ static int seq_push(dol_scheduler *s, dol_request *r, int choice)
     q->seq = -1;
     q->cap = r->n_prompt + r->max_tokens + 1;
     q->tokens = malloc(sizeof(int32_t) * (size_t)q->cap);
-    q->logits = malloc(sizeof(float) * (size_t)s->vocab);
+    /* on a cache line: the CPU engine's threads each write a run of 16
+     * floats of these logits (dol_cpu_matmul_scatter), and a run that
+     * straddled a line would share it with the other thread's */
+    if (posix_memalign((void **)&q->logits, 64, sizeof(float) * (size_t)s->vocab) != 0) q->logits = NULL;
     if (!q->tokens || !q->logits) { free(q->tokens); free(q->logits); return -1; }
     if (choice == 0 && r->echo_logprobs) {
         /* entry 0 has no logprob: nothing comes before the first token */
