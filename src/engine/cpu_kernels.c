@@ -311,7 +311,14 @@ static inline void v_sum4(const vecf a[4], float *out)
  *   PACK_XROWS        rows of x per register tile: 6 x 4 accumulators + 4
  *                     weights + 1 input fit the 32 zmm registers; the 16
  *                     ymm of AVX2 take 3 x 4
- *   PACK_CHUNK_BYTES  panels per cache block (32 KB..384 KB alike) */
+ *   PACK_CHUNK_BYTES  panels per cache block (32 KB..384 KB alike)
+ *   PACK_SNAKE_BYTES  a group's rows of x from which the decode-batch order
+ *                     turns back every other panel: 768 x 2048 F16 at 8
+ *                     rows (two groups of 32 KB, the 110m shape's down
+ *                     projection), cold, 2 threads, six pairs of runs in
+ *                     turn: 213-228 -> 230-246 GFLOP/s in four, -1 and
+ *                     +2 % in two; 2048 x 768 at 8, 12 and 16 rows (x
+ *                     groups of 12-18 KB): -4 to +5 %, so not there */
 #define PACK_PF_BYTES 1024
 #define PACK_STREAMS 2
 #define PACK_STREAM_ROWS 2
@@ -322,6 +329,7 @@ static inline void v_sum4(const vecf a[4], float *out)
 #define PACK_XROWS 3
 #endif
 #define PACK_CHUNK_BYTES (192u * 1024u)
+#define PACK_SNAKE_BYTES (32u * 1024u)
 
 /* Prefetch the 16-element chunk of a panel (all 4 rows: DOL_PACK_ROWS *
  * DOL_PACK_K elements of esz bytes) that lies PACK_PF_BYTES beyond the one
@@ -542,13 +550,20 @@ static void k_matmul_packed_rows(float *out, const float *x, int T, int K, const
         const size_t unit = (size_t)DOL_PACK_ROWS * DOL_PACK_K * w_size(wt); /* bytes per 16 k */
         const int ppu = (int)((unit / 64 + (size_t)groups - 1) / (size_t)groups);
         const size_t share = (size_t)ppu * (size_t)(K / DOL_PACK_K) * 64;
-        for (int n = n0; n < n1; n += DOL_PACK_ROWS) {
+        /* When one group's rows of x fill most of L1 (PACK_SNAKE_BYTES),
+         * every other panel meets the groups in reverse order, so a panel
+         * starts with the group the previous one ended with, whose rows are
+         * still in L1; the order of the groups changes no output's bits */
+        const bool snake = groups > 1 && (size_t)((T + groups - 1) / groups) * (size_t)K *
+                                             sizeof(float) >= PACK_SNAKE_BYTES;
+        for (int n = n0, p = 0; n < n1; n += DOL_PACK_ROWS, p++) {
             const char *next = (const char *)Wp + (size_t)(n + DOL_PACK_ROWS) * K * w_size(wt);
-            for (int g = 0, t = 0; g < groups; g++) {
+            for (int i = 0; i < groups; i++) {
+                const int g = snake && (p & 1) ? groups - 1 - i : i;
                 const int nr = T / groups + (g < T % groups);
+                const int t = g * (T / groups) + (g < T % groups ? g : T % groups); /* first row */
                 tile_pf[nr](x + (size_t)t * K, K, Wp, n, out + (size_t)t * N, N,
-                            n + DOL_PACK_ROWS < n1 ? next + (size_t)g * share : NULL, ppu);
-                t += nr;
+                            n + DOL_PACK_ROWS < n1 ? next + (size_t)i * share : NULL, ppu);
             }
         }
         return;

@@ -303,9 +303,14 @@ static void test_packed_large(void **state)
     static const int Ts[] = { 1, 2, 3, 8, 13, 16, 17, 31 };
     const dol_cpu_kernels *v[N_NAMES];
     int nv = supported_variants(v);
-    const int K = 1040, N = 301; /* K % 16 == 0, N % 4 == 1 */
-    for (int d = 0; d < COUNT(g_dtypes); d++) {
-        dol_dtype dt = g_dtypes[d];
+    /* K % 16 == 0, N % 4 == 1; at K = 2064 a group of 4 or more rows of x
+     * is over 32 KB, so decode batches also take the panels' groups in
+     * the back-and-forth order (PACK_SNAKE_BYTES, cpu_kernels.c) */
+    static const int Ks[] = { 1040, 2064 };
+    const int N = 301;
+    for (int c = 0; c < COUNT(Ks) * COUNT(g_dtypes); c++) {
+        const int K = Ks[c / COUNT(g_dtypes)];
+        dol_dtype dt = g_dtypes[c % COUNT(g_dtypes)];
         void *raw;
         float *wf = random_weights((size_t)N * K, dt, &raw);
         size_t esz = dol_dtype_size(dt);
