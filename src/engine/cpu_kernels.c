@@ -353,21 +353,26 @@ static inline void prefetch_ahead(const char *chunk, size_t esz)
         vecf acc[NR][DOL_PACK_ROWS];                                                        \
         for (int r = 0; r < NR; r++)                                                        \
             for (int c = 0; c < DOL_PACK_ROWS; c++) acc[r][c] = v_zero();                   \
+        /* one chunk (DOL_PACK_K elements of the 4 rows) per iteration,                     \
+         * walked by pointer: the prefetches and the loop's bookkeeping                     \
+         * once per chunk, not per vector step */                                           \
         int k = 0;                                                                          \
-        for (; k + DOL_SIMD <= kc; k += DOL_SIMD) {                                         \
-            const size_t o = (size_t)(k / DOL_PACK_K) * DOL_PACK_ROWS * DOL_PACK_K +       \
-                             (size_t)(k % DOL_PACK_K);                                      \
-            if (k % DOL_PACK_K == 0) /* a new chunk: fetch the one PACK_PF_BYTES ahead */  \
-                prefetch_ahead(wb + o * esz, esz);                                          \
-            if (PF && pf && k % DOL_PACK_K == 0) /* steady prefetch of a later panel */    \
-                for (int q = 0; q < ppu; q++)                                               \
-                    _mm_prefetch(pf + ((size_t)(k / DOL_PACK_K) * ppu + q) * 64, _MM_HINT_T0); \
-            vecf w[DOL_PACK_ROWS];                                                          \
-            for (int c = 0; c < DOL_PACK_ROWS; c++)                                         \
-                w[c] = v_load_w(Wp, t, base + o + (size_t)c * DOL_PACK_K);                  \
-            for (int r = 0; r < NR; r++) {                                                  \
-                vecf xv = v_in_register(v_load(x + (size_t)r * K + k));                     \
-                for (int c = 0; c < DOL_PACK_ROWS; c++) acc[r][c] = v_fma(xv, w[c], acc[r][c]); \
+        const char *wc = wb;                                                                \
+        const char *pq = pf;                                                                \
+        for (; k < kc; k += DOL_PACK_K, wc += DOL_PACK_ROWS * DOL_PACK_K * esz) {           \
+            prefetch_ahead(wc, esz); /* the chunk PACK_PF_BYTES ahead */                    \
+            if (PF && pq) { /* steady prefetch of a later panel */                          \
+                for (int q = 0; q < ppu; q++) _mm_prefetch(pq + (size_t)q * 64, _MM_HINT_T0); \
+                pq += (size_t)ppu * 64;                                                     \
+            }                                                                               \
+            for (int kk = 0; kk < DOL_PACK_K; kk += DOL_SIMD) {                             \
+                vecf w[DOL_PACK_ROWS];                                                      \
+                for (int c = 0; c < DOL_PACK_ROWS; c++)                                     \
+                    w[c] = v_load_w(wc, t, (size_t)c * DOL_PACK_K + (size_t)kk);            \
+                for (int r = 0; r < NR; r++) {                                              \
+                    vecf xv = v_in_register(v_load(x + (size_t)r * K + k + kk));            \
+                    for (int c = 0; c < DOL_PACK_ROWS; c++) acc[r][c] = v_fma(xv, w[c], acc[r][c]); \
+                }                                                                           \
             }                                                                               \
         }                                                                                   \
         /* vector steps inside the tail rows (an 8-lane set when K % 16 >= 8) */            \
