@@ -441,20 +441,22 @@ DEFINE_PTILES(DOL_DTYPE_BF16, bf16)
         for (int s = 0; s < NS; s++)                                                        \
             for (int r = 0; r < NR; r++)                                                    \
                 for (int c = 0; c < DOL_PACK_ROWS; c++) acc[s][r][c] = v_zero();            \
-        for (int k = 0; k < K; k += DOL_SIMD) {                                             \
-            const size_t o = (size_t)(k / DOL_PACK_K) * DOL_PACK_ROWS * DOL_PACK_K +       \
-                             (size_t)(k % DOL_PACK_K);                                      \
-            vecf xv[NR];                                                                    \
-            for (int r = 0; r < NR; r++) xv[r] = v_in_register(v_load(x + (size_t)r * K + k)); \
-            for (int s = 0; s < NS; s++) {                                                  \
-                const size_t base = (size_t)n[s] * K;                                       \
-                if (k % DOL_PACK_K == 0)                                                    \
-                    prefetch_ahead((const char *)Wp + (base + o) * esz, esz);               \
-                for (int c = 0; c < DOL_PACK_ROWS; c++) {                                   \
-                    vecf w = v_load_w(Wp, t, base + o + (size_t)c * DOL_PACK_K);            \
-                    for (int r = 0; r < NR; r++) acc[s][r][c] = v_fma(xv[r], w, acc[s][r][c]); \
-                }                                                                           \
+        /* one chunk of every stream per iteration, each stream walked by pointer */       \
+        const char *ws[NS];                                                                 \
+        for (int s = 0; s < NS; s++) ws[s] = (const char *)Wp + (size_t)n[s] * K * esz;    \
+        for (int k = 0; k < K; k += DOL_PACK_K) {                                           \
+            for (int s = 0; s < NS; s++) prefetch_ahead(ws[s], esz);                        \
+            for (int kk = 0; kk < DOL_PACK_K; kk += DOL_SIMD) {                             \
+                vecf xv[NR];                                                                \
+                for (int r = 0; r < NR; r++)                                                \
+                    xv[r] = v_in_register(v_load(x + (size_t)r * K + k + kk));              \
+                for (int s = 0; s < NS; s++)                                                \
+                    for (int c = 0; c < DOL_PACK_ROWS; c++) {                               \
+                        vecf w = v_load_w(ws[s], t, (size_t)c * DOL_PACK_K + (size_t)kk);   \
+                        for (int r = 0; r < NR; r++) acc[s][r][c] = v_fma(xv[r], w, acc[s][r][c]); \
+                    }                                                                       \
             }                                                                               \
+            for (int s = 0; s < NS; s++) ws[s] += DOL_PACK_ROWS * DOL_PACK_K * esz;         \
         }                                                                                   \
         for (int s = 0; s < NS; s++)                                                        \
             for (int r = 0; r < NR; r++) v_sum4(acc[s][r], out + (size_t)r * N + n[s]);     \
