@@ -476,14 +476,15 @@ static void attn_task(void *ctx, int task, int worker)
          * turn: RoPE on the query heads of the group and on the key head,
          * the head's K/V into the cache, then the group's attention (the
          * same operations per element as the unfused path, so the same
-         * bits), with the next head's K/V prefetched meanwhile */
+         * bits), with the K/V of the head after next prefetched meanwhile */
         const int per_token = (c->n_kv_heads + j->chunk - 1) / j->chunk;
         const int t = task / per_token, g0 = task % per_token * j->chunk;
         const int g1 = g0 + j->chunk < c->n_kv_heads ? g0 + j->chunk : c->n_kv_heads;
         const int group = c->n_heads / c->n_kv_heads;
         kv_prefetch(e, t, j->layer, g0);
+        if (g0 + 1 < g1) kv_prefetch(e, t, j->layer, g0 + 1);
         for (int g = g0; g < g1; g++) {
-            if (g + 1 < g1) kv_prefetch(e, t, j->layer, g + 1);
+            if (g + 2 < g1) kv_prefetch(e, t, j->layer, g + 2);
             rope_and_store(e, t, j->layer, g, g + 1);
             for (int h = g * group; h < (g + 1) * group; h++) attn_one(j, t, h, worker);
         }
@@ -511,13 +512,16 @@ static void attention(cpu_engine *e, int T, int layer)
  * (decode): no token then reads another token's K/V of this step, so
  * nothing orders the tasks. The KV reads and writes miss the cache (the
  * weights streamed through it since the previous step; dims-major K puts
- * one head's row in head_dim lines), so each task prefetches the next
- * head's K/V while it computes one (kv_prefetch). Each token's heads are
+ * one head's row in head_dim lines), so each task prefetches the K/V of
+ * the head after next while it computes one (kv_prefetch): one head ahead
+ * left part of the ~290 ns memory latency showing. Each token's heads are
  * cut into one run per thread, and never into runs of fewer than two heads
  * (a run of one has nothing to prefetch ahead). 110m shape, 2 threads,
  * 6-8 alternating rounds against one task per (token, KV head) without
  * prefetch: decode batch 8 +4.5..6 % tokens/s, batch 1 +1..4 %; runs of 3
- * or 12 heads instead of 6: alike or slower (docs/performance.md). */
+ * or 12 heads instead of 6: alike or slower; two heads ahead instead of
+ * one: batch 8 +1.6..1.8 % more on the Zen 5 host, three ahead -0.7 %
+ * (docs/performance.md). */
 static void attention_decode(cpu_engine *e, int T, int layer)
 {
     const int kvh = e->c.n_kv_heads, threads = dol_pool_threads(e->pool);
@@ -553,10 +557,10 @@ static void tok_task(void *ctx, int task, int worker)
     const dol_model_config *c = &e->c;
     const int d = c->hidden_size;
     if (j->what == TOK_NORM) {
-        const int t1 = (task + 1) * NORM_CHUNK < j->T ? (task + 1) * NORM_CHUNK : j->T;
-        for (int t = task * NORM_CHUNK; t < t1; t++)
-            dol_cpu_rmsnorm(e->xb + (size_t)t * d, e->x + (size_t)t * d, j->norm_w, d,
-                            c->rms_norm_eps);
+        const int t0 = task * NORM_CHUNK;
+        const int t1 = t0 + NORM_CHUNK < j->T ? t0 + NORM_CHUNK : j->T;
+        dol_cpu_rmsnorm_rows(e->xb + (size_t)t0 * d, e->x + (size_t)t0 * d, j->norm_w, t1 - t0,
+                             d, c->rms_norm_eps);
         return;
     }
     /* RoPE on q and k, then K/V into the sequence's block, for the run of

@@ -69,10 +69,10 @@ typedef struct dol_cpu_kernels {
     void (*nf4_rows)(float *out, const float *x, int T, const dol_nf4_matrix *W, int n0,
                      int n1);
 
-    /* Element-wise kernels, as documented in cpu_ops.h (dol_cpu_rmsnorm,
-     * dol_cpu_rope, dol_cpu_silu_mul); the same expressions in every
-     * variant, compiled with that variant's flags. */
-    void (*rmsnorm)(float *out, const float *x, const float *w, int n, float eps);
+    /* Element-wise kernels, as documented in cpu_ops.h
+     * (dol_cpu_rmsnorm_rows, dol_cpu_rope, dol_cpu_silu_mul); the same
+     * expressions in every variant, compiled with that variant's flags. */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int rows, int n, float eps);
     void (*rope)(float *x, int n_heads, int head_dim, const float *cos_row,
                  const float *sin_row);
     void (*silu_mul)(float *out, const float *gate, const float *up, int n);

@@ -328,7 +328,13 @@ int dol_cpu_pack(dol_pool *pool, void *dst, dol_dtype dst_t, const void *src, do
 
 void dol_cpu_rmsnorm(float *out, const float *x, const float *w, int n, float eps)
 {
-    dol_cpu_kernels_get()->rmsnorm(out, x, w, n, eps);
+    dol_cpu_kernels_get()->rmsnorm(out, x, w, 1, n, eps);
+}
+
+void dol_cpu_rmsnorm_rows(float *out, const float *x, const float *w, int rows, int n,
+                          float eps)
+{
+    dol_cpu_kernels_get()->rmsnorm(out, x, w, rows, n, eps);
 }
 
 void dol_cpu_rope(float *x, int n_heads, int head_dim, const float *cos_row,

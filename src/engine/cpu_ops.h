@@ -97,6 +97,12 @@ float dol_cpu_dot(const float *x, const void *w, dol_dtype wtype, int n);
  * over one row of n floats. out may alias x. */
 void dol_cpu_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 
+/* The same over `rows` consecutive rows: x and out are [rows][n]; row r of
+ * out is bit for bit what dol_cpu_rmsnorm gives for row r of x (several
+ * rows' sums of squares are accumulated side by side). out may alias x. */
+void dol_cpu_rmsnorm_rows(float *out, const float *x, const float *w, int rows, int n,
+                          float eps);
+
 /* RoPE (Su et al. 2021) in the Hugging Face layout: within each head of
  * head_dim values, element i pairs with i + head_dim/2 ("rotate_half").
  * x: n_heads * head_dim floats of one token, rotated in place by the angles

@@ -478,17 +478,47 @@ static void test_elementwise(void **state)
         double ss = 0.0;
         for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
         double inv = 1.0 / sqrt(ss / n + 1e-5);
-        v[0]->rmsnorm(port, x, w, n, 1e-5f);
+        v[0]->rmsnorm(port, x, w, 1, n, 1e-5f);
         for (int i = 0; i < nv; i++) {
-            v[i]->rmsnorm(out, x, w, n, 1e-5f);
+            v[i]->rmsnorm(out, x, w, 1, n, 1e-5f);
             memcpy(alias, x, sizeof(float) * n);
-            v[i]->rmsnorm(alias, alias, w, n, 1e-5f); /* out may alias x */
+            v[i]->rmsnorm(alias, alias, w, 1, n, 1e-5f); /* out may alias x */
             assert_memory_equal(alias, out, sizeof(float) * n);
             for (int j = 0; j < n; j++) {
                 double ref = x[j] * inv * w[j];
                 check_close("rmsnorm", v[i]->name, out[j], ref, fabs(ref), n, 0, j);
                 check_close("rmsnorm", v[i]->name, out[j], port[j], fabs(ref), n, 0, j);
             }
+        }
+
+        /* RMSNorm of several rows at once (four side by side, then the
+         * rest): every row bit for bit as the same row alone */
+        static const int row_counts[] = { 2, 4, 5, 7, 9 };
+        for (int ri = 0; ri < COUNT(row_counts); ri++) {
+            const int rows = row_counts[ri];
+            float *xs = random_floats((size_t)rows * n);
+            float *many = malloc(sizeof(float) * rows * n), *one = malloc(sizeof(float) * n);
+            assert_true(many && one);
+            for (int i = 0; i < nv; i++) {
+                v[i]->rmsnorm(many, xs, w, rows, n, 1e-5f);
+                for (int r = 0; r < rows; r++) {
+                    v[i]->rmsnorm(one, xs + (size_t)r * n, w, 1, n, 1e-5f);
+                    if (memcmp(one, many + (size_t)r * n, sizeof(float) * n) != 0)
+                        fail_msg("rmsnorm [%s] rows=%d n=%d: row %d differs from the row alone",
+                                 v[i]->name, rows, n, r);
+                }
+                memcpy(many, xs, sizeof(float) * rows * n);
+                v[i]->rmsnorm(many, many, w, rows, n, 1e-5f); /* out may alias x */
+                for (int r = 0; r < rows; r++) {
+                    v[i]->rmsnorm(one, xs + (size_t)r * n, w, 1, n, 1e-5f);
+                    if (memcmp(one, many + (size_t)r * n, sizeof(float) * n) != 0)
+                        fail_msg("rmsnorm [%s] rows=%d n=%d in place: row %d differs", v[i]->name,
+                                 rows, n, r);
+                }
+            }
+            free(xs);
+            free(many);
+            free(one);
         }
 
         /* SiLU-gated product */
