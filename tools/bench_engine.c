@@ -5,9 +5,14 @@
  * several prompt lengths, decode tokens/s at several batch sizes (one forward
  * call per step over all sequences), and optionally a decode sweep over a
  * range of batch sizes as a two-column block for gnuplot. Prints one aligned
- * table (or a Markdown table). On the CPU backend the share of the roofline
- * is given twice: the best decode run against the best probe pass, and the
- * median over decode runs each taken right after its own probe pass (the
+ * table (or a Markdown table). The table's figures are measured in
+ * `--repeat` rounds, each round timing every prompt length once and every
+ * batch size once, and each figure is the best of its rounds: on a shared
+ * machine whose speed drifts with its neighbours (a cloud VM), a slow spell
+ * then costs every figure one round instead of costing one figure all of
+ * its runs. On the CPU backend the share of the roofline is given twice:
+ * the best decode run against the best probe pass of the whole run, and the
+ * median over batch-1 runs each taken right after its own probe passes (the
  * steadier figure where neighbours move the bandwidth, see decode_tps).
  * scripts/bench and scripts/bench-decode wrap it. No assertion on time
  * anywhere. */
@@ -20,6 +25,10 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "dolphin/engine.h"
 #include "dolphin/model.h"
@@ -95,24 +104,31 @@ static int parse_range(const char *opt, const char *s, int *a, int *b)
 
 /* ---- machine description ------------------------------------------------- */
 
-/* /proc/cpuinfo's first "model name", else "unknown CPU". */
+/* /proc/cpuinfo's first "model name", else "unknown CPU", followed by the
+ * first "cpu family" and "model" numbers when present: a VM may name every
+ * generation "AMD EPYC" (family 25 is Zen 3/Zen 4, 26 is Zen 5). */
 static void cpu_model_name(char *out, size_t n)
 {
     snprintf(out, n, "unknown CPU");
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10) != 0) continue;
+    char line[512], name[256] = "", family[32] = "", model[32] = "";
+    while (fgets(line, sizeof line, f) && (!*name || !*family || !*model)) {
         char *v = strchr(line, ':');
         if (!v) continue;
         v++;
         while (*v == ' ' || *v == '\t') v++;
         v[strcspn(v, "\n")] = '\0';
-        if (*v) snprintf(out, n, "%s", v);
-        break;
+        if (!*name && !strncmp(line, "model name", 10)) snprintf(name, sizeof name, "%s", v);
+        else if (!*family && !strncmp(line, "cpu family", 10)) snprintf(family, sizeof family, "%s", v);
+        else if (!*model && !strncmp(line, "model\t", 6)) snprintf(model, sizeof model, "%s", v);
     }
     fclose(f);
+    if (*name) snprintf(out, n, "%s", name);
+    if (*family && *model) {
+        size_t used = strlen(out);
+        snprintf(out + used, n - used, " (family %s, model %s)", family, model);
+    }
 }
 
 /* Size of the last-level cache in bytes as sysconf reports it (L3, else L2),
@@ -160,9 +176,15 @@ static int cpu_ticks(unsigned long long *machine, unsigned long long *self)
  * writes (so no write-allocate or write-back traffic). That is the access
  * pattern of a decode step, which reads every weight once and writes little,
  * so bandwidth / (bytes per step) bounds decode tokens/s from above (the
- * roofline). Each thread reads its share as PROBE_STREAMS sequential streams
- * side by side (the share cut in PROBE_STREAMS equal parts, read in
- * lockstep), as the matmul kernels read a tile of weight rows at once: on a
+ * roofline). Each thread reads its share block by block (PROBE_BLOCK_WORDS,
+ * 16 MiB), each block as PROBE_STREAMS sequential streams side by side (the
+ * block cut in PROBE_STREAMS equal parts, read in lockstep), as the matmul
+ * kernels read a tile of weight rows at once, a few MB apart within one
+ * matrix. (Streams a quarter of the whole share apart, as before
+ * 2026-12-01, read 17-20 GB/s on the Zen 4 VM once the buffer reached
+ * 2 GiB (the 1b shape's probe), 34 at 1 GiB, 52 at 512 MiB, while the
+ * engine streamed the 1b weights at up to 54 GB/s; in 16 MiB blocks: 35-72
+ * at 2 GiB, and the same as before at 512 MiB.) On a
  * 2-core AMD EPYC VM one stream per thread reached ~60 GB/s, 2 streams ~70,
  * 4 streams ~84, 8 ~75, and the engine's own batch-1 decode ran above the
  * one-stream figure, so one stream understates the roofline. The buffer is
@@ -182,6 +204,7 @@ static int cpu_ticks(unsigned long long *machine, unsigned long long *self)
 #define MAX_REPEAT 1000
 #define PROBE_STREAMS 4
 #define PROBE_LANES 8
+#define PROBE_BLOCK_WORDS ((size_t)2 << 20) /* 16 MiB of uint64_t */
 
 /* The probe's threads stay up between passes, so that a pass can be taken
  * right before each timed decode run (main: the paired roofline). */
@@ -207,13 +230,19 @@ struct probe {
 /* The sums end here, so the compiler cannot drop the reads. */
 static volatile uint64_t probe_sink;
 
+/* Sum of n words (a multiple of PROBE_STREAMS * PROBE_LANES) read block
+ * by block, each block as PROBE_STREAMS streams in lockstep. */
 static uint64_t read_sum(const uint64_t *restrict p, size_t n)
 {
-    size_t part = n / PROBE_STREAMS;
     uint64_t acc[PROBE_LANES] = { 0 };
-    for (size_t i = 0; i < part; i += PROBE_LANES)
-        for (int s = 0; s < PROBE_STREAMS; s++)
-            for (int j = 0; j < PROBE_LANES; j++) acc[j] += p[(size_t)s * part + i + j];
+    for (size_t b = 0; b < n; b += PROBE_BLOCK_WORDS) {
+        const size_t m = n - b < PROBE_BLOCK_WORDS ? n - b : PROBE_BLOCK_WORDS;
+        const size_t part = m / PROBE_STREAMS;
+        const uint64_t *q = p + b;
+        for (size_t i = 0; i < part; i += PROBE_LANES)
+            for (int s = 0; s < PROBE_STREAMS; s++)
+                for (int j = 0; j < PROBE_LANES; j++) acc[j] += q[(size_t)s * part + i + j];
+    }
     uint64_t sum = 0;
     for (int j = 0; j < PROBE_LANES; j++) sum += acc[j];
     return sum;
@@ -261,6 +290,11 @@ static probe *probe_open(int threads, size_t bytes)
         free(pr);
         return NULL;
     }
+#ifdef MADV_HUGEPAGE
+    /* on 2 MiB pages where the kernel has them, as the engine's weights
+     * (cpu_engine.c), so the probe walks the same kind of pages; a hint */
+    (void)madvise(pr->buf, pr->bytes, MADV_HUGEPAGE);
+#endif
     pthread_barrier_init(&pr->bar, NULL, (unsigned)threads + 1);
     pr->tid = calloc((size_t)threads, sizeof *pr->tid);
     pr->args = calloc((size_t)threads, sizeof *pr->args);
@@ -311,6 +345,147 @@ static void probe_close(probe *pr)
     free(pr);
 }
 
+/* ---- FMA peak probe ------------------------------------------------------------ */
+
+/* What it measures: the float32 fused multiply-add rate of `threads`
+ * threads together, each running FMA_CHAINS independent chains of vector
+ * FMAs (a * x + y, the accumulators stay in registers) with the widest
+ * vectors of the kernel set the engine chose: 16 lanes for avx512, 8 for
+ * avx2. 2 FLOP per lane per FMA. Prefill and batched decode are products
+ * of F16/BF16 weights by F32 activations accumulated in F32 FMAs (F16
+ * widened in registers), so this bounds their tokens/s from above: a
+ * compute roofline beside the memory one. Twelve chains cover the FMA
+ * latency (4 cycles) times the FMA issue width (2) of current x86 cores.
+ * Each pass is timed from the release of the threads (after a short
+ * untimed run that wakes the CPUs up) to the end of the last one; the best
+ * of FMA_PASSES passes counts, in GFLOP/s (1e9 FLOP/s). */
+#define FMA_CHAINS 12
+#define FMA_ITERS (1 << 20) /* per thread per pass: 12.6 M vector FMAs */
+#define FMA_PASSES 5
+
+static volatile float fma_sink;
+
+#if defined(__x86_64__) || defined(__i386__)
+#define FMA_BODY(V, FMA, SET1, ITERS)                                                   \
+    V x = SET1(0.999f), y = SET1(1e-4f);                                                \
+    V a0 = SET1(0.f), a1 = SET1(1.f), a2 = SET1(2.f), a3 = SET1(3.f), a4 = SET1(4.f);   \
+    V a5 = SET1(5.f), a6 = SET1(6.f), a7 = SET1(7.f), a8 = SET1(8.f), a9 = SET1(9.f);   \
+    V a10 = SET1(10.f), a11 = SET1(11.f);                                               \
+    for (long i = 0; i < (ITERS); i++) {                                                \
+        a0 = FMA(a0, x, y); a1 = FMA(a1, x, y); a2 = FMA(a2, x, y);                     \
+        a3 = FMA(a3, x, y); a4 = FMA(a4, x, y); a5 = FMA(a5, x, y);                     \
+        a6 = FMA(a6, x, y); a7 = FMA(a7, x, y); a8 = FMA(a8, x, y);                     \
+        a9 = FMA(a9, x, y); a10 = FMA(a10, x, y); a11 = FMA(a11, x, y);                 \
+    }                                                                                   \
+    V s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;                 \
+    fma_sink = s[0];
+
+__attribute__((target("avx512f"))) static void fma_run_16(long iters)
+{
+    FMA_BODY(__m512, _mm512_fmadd_ps, _mm512_set1_ps, iters)
+}
+
+__attribute__((target("avx2,fma"))) static void fma_run_8(long iters)
+{
+    FMA_BODY(__m256, _mm256_fmadd_ps, _mm256_set1_ps, iters)
+}
+#endif
+
+typedef struct {
+    pthread_barrier_t *bar;
+    int lanes;
+    double t0, t1;
+} fma_arg;
+
+static void fma_run(int lanes, long iters)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (lanes == 16) fma_run_16(iters);
+    else fma_run_8(iters);
+#else
+    (void)lanes;
+    (void)iters;
+#endif
+}
+
+static void *fma_thread(void *v)
+{
+    fma_arg *a = v;
+    fma_run(a->lanes, FMA_ITERS / 8); /* untimed: wakes the CPU */
+    pthread_barrier_wait(a->bar);
+    a->t0 = now_s();
+    fma_run(a->lanes, FMA_ITERS);
+    a->t1 = now_s();
+    return NULL;
+}
+
+/* Vector lanes of the FMA probe for the engine's kernel set: 16 for
+ * avx512, 8 for avx2, 0 (no probe) for the portable set or another CPU. */
+static int fma_lanes(const char *kernels)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (!strcmp(kernels, "avx512")) return 16;
+    if (!strcmp(kernels, "avx2")) return 8;
+#else
+    (void)kernels;
+#endif
+    return 0;
+}
+
+/* Best of FMA_PASSES passes of `threads` threads, GFLOP/s; 0 when the
+ * threads cannot be started (printed) or lanes is 0. */
+static double fma_peak(int threads, int lanes)
+{
+    if (!lanes) return 0;
+    double best = 0;
+    pthread_t *tid = calloc((size_t)threads, sizeof *tid);
+    fma_arg *args = calloc((size_t)threads, sizeof *args);
+    pthread_barrier_t bar;
+    if (!tid || !args) goto out;
+    for (int pass = 0; pass < FMA_PASSES; pass++) {
+        /* as probe_pass: the engine's pool workers go to sleep first */
+        nanosleep(&(struct timespec){ 0, 1000 * 1000 }, NULL);
+        pthread_barrier_init(&bar, NULL, (unsigned)threads);
+        int started = 0;
+        for (; started < threads; started++) {
+            args[started] = (fma_arg){ &bar, lanes, 0, 0 };
+            if (pthread_create(&tid[started], NULL, fma_thread, &args[started]) != 0) break;
+        }
+        if (started < threads) { /* the barrier would never open: not joinable */
+            fprintf(stderr, "bench_engine: FMA probe: cannot start thread %d\n", started);
+            exit(1);
+        }
+        double t0 = 1e300, t1 = 0;
+        for (int t = 0; t < threads; t++) {
+            pthread_join(tid[t], NULL);
+            if (args[t].t0 < t0) t0 = args[t].t0;
+            if (args[t].t1 > t1) t1 = args[t].t1;
+        }
+        pthread_barrier_destroy(&bar);
+        double flops = 2.0 * lanes * FMA_CHAINS * (double)FMA_ITERS * threads;
+        if (t1 > t0 && flops / (t1 - t0) / 1e9 > best) best = flops / (t1 - t0) / 1e9;
+    }
+out:
+    free(tid);
+    free(args);
+    return best;
+}
+
+/* FLOP per token of a prefill of n tokens in one call: the products of
+ * every layer (q, k, v, o, gate, up, down: 2 FLOP per weight per token),
+ * attention (q.k and the weighted sum of v over the token's p + 1
+ * positions, 2 x 2 x q_dim FLOP per position, p averaging (n - 1) / 2),
+ * and lm_head for the last token only, spread over the n. Norms, RoPE and
+ * the softmax (a few FLOP per element) are left out. */
+static double prefill_flops_per_token(const dol_model_config *c, int n)
+{
+    const double d = c->hidden_size, f = c->intermediate_size;
+    const double q = (double)c->n_heads * c->head_dim, kv = (double)c->n_kv_heads * c->head_dim;
+    const double per_layer = 2.0 * (d * q + 2.0 * d * kv + q * d + 3.0 * d * f) +
+                             4.0 * q * ((n - 1) / 2.0 + 1.0);
+    return c->n_layers * per_layer + 2.0 * d * c->vocab_size / n;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -327,14 +502,16 @@ static double median(double *v, int n)
 
 typedef struct {
     dol_engine *e;
-    int V, decode, repeat;
+    int V, decode;
     const int32_t *toks;
     float *logits;
     bool progress;
     probe *pr;          /* CPU backend: the bandwidth probe, else NULL */
     size_t step_bytes;  /* weight bytes streamed per decode step */
-    double paired;      /* decode_tps(B = 1) with pr: median of the runs' roofline shares */
-    double paired_gbs;  /* ... and median of the probe passes paired with them */
+    double best_gbs;    /* best probe pass of the run so far (GB/s) */
+    int n_paired;       /* decode_tps(B = 1) runs with pr so far, and for each */
+    double share[MAX_REPEAT]; /* its share of the roofline of its own probe passes */
+    double gbs[MAX_REPEAT];   /* the best of those passes (GB/s) */
 } bench;
 
 static void progress(const bench *b, const char *what, int n)
@@ -342,9 +519,18 @@ static void progress(const bench *b, const char *what, int n)
     if (b->progress) fprintf(stderr, "\rbench: %s %d ...          ", what, n);
 }
 
-/* Prefill tokens/s for one prompt of n tokens: one warm-up call, then the
- * best of `repeat` calls. -1 on an engine error (printed). */
-static double prefill_tps(bench *b, int n)
+/* One probe pass (GB/s), kept in b->best_gbs when it is the best so far. */
+static double bench_probe(bench *b)
+{
+    double g = probe_pass(b->pr);
+    if (g > b->best_gbs) b->best_gbs = g;
+    return g;
+}
+
+/* Prefill tokens/s for one prompt of n tokens: one untimed warm-up call
+ * (when `warm`), then the best of `reps` calls. -1 on an engine error
+ * (printed). */
+static double prefill_tps(bench *b, int n, int reps, bool warm)
 {
     char err[DOL_ERR_LEN];
     progress(b, "prefill", n);
@@ -356,7 +542,7 @@ static double prefill_tps(bench *b, int n)
     }
     dol_batch_item it = { s, n, b->toks, 0, 1, b->logits };
     double best = 1e300;
-    for (int rep = 0; rep <= b->repeat; rep++) {
+    for (int rep = warm ? 0 : 1; rep <= reps; rep++) {
         double t0 = dol_now_ms();
         if (dol_engine_forward(b->e, &it, 1, err, sizeof err) != 0) {
             fprintf(stderr, "\nbench_engine: prefill %d: %s\n", n, err);
@@ -371,7 +557,7 @@ static double prefill_tps(bench *b, int n)
 }
 
 /* Decode tokens/s at batch B: B sequences each prefilled with SHORT_PROMPT
- * tokens (untimed), one untimed warm-up step, then `repeat` timed runs of
+ * tokens (untimed), one untimed warm-up step, then `reps` timed runs of
  * `decode` steps at positions SHORT_PROMPT.. (each run overwrites the same
  * positions, so all runs do the same work); the best run counts. -1 on an
  * engine error (printed).
@@ -379,12 +565,13 @@ static double prefill_tps(bench *b, int n)
  * At batch 1 with a probe, each timed run comes right after PAIRED_PASSES
  * probe passes, and the run's share of the roofline is taken against the
  * best of them (one pass lasts a few ms, so a single one is at the mercy of
- * one descheduling of a thread): run tokens/s x step bytes / that bandwidth. On a shared machine whose memory
- * bandwidth drifts with its neighbours (a cloud VM), a ratio of two
- * measurements taken seconds apart is far steadier than the best decode
- * run against the best probe pass taken minutes apart. b->paired and
- * b->paired_gbs get the medians over the runs. */
-static double decode_tps(bench *b, int B)
+ * one descheduling of a thread): run tokens/s x step bytes / that
+ * bandwidth. On a shared machine whose memory bandwidth drifts with its
+ * neighbours (a cloud VM), a ratio of two measurements taken seconds apart
+ * is far steadier than the best decode run against the best probe pass
+ * taken minutes apart. Each such run adds its share and its bandwidth to
+ * b->share and b->gbs (main takes the medians). */
+static double decode_tps(bench *b, int B, int reps)
 {
     char err[DOL_ERR_LEN];
     int seqs[MAX_BATCH];
@@ -401,15 +588,15 @@ static double decode_tps(bench *b, int B)
         dol_batch_item pi = { seqs[i], SHORT_PROMPT, b->toks + i, 0, 1, b->logits };
         if (dol_engine_forward(b->e, &pi, 1, err, sizeof err) != 0) goto fail;
     }
-    double share[MAX_REPEAT], gbs[MAX_REPEAT];
     const bool pair = B == 1 && b->pr;
-    for (int rep = 0; rep <= b->repeat; rep++) {
+    double gbs = 0;
+    for (int rep = 0; rep <= reps; rep++) {
         int steps = rep == 0 ? 1 : b->decode; /* rep 0: one warm-up step */
         if (pair && rep > 0) {
-            gbs[rep - 1] = 0;
+            gbs = 0;
             for (int k = 0; k < PAIRED_PASSES; k++) {
-                double g = probe_pass(b->pr);
-                if (g > gbs[rep - 1]) gbs[rep - 1] = g;
+                double g = bench_probe(b);
+                if (g > gbs) gbs = g;
             }
         }
         double t0 = dol_now_ms();
@@ -421,12 +608,10 @@ static double decode_tps(bench *b, int B)
         }
         double ms = dol_now_ms() - t0;
         if (rep > 0 && ms < best) best = ms;
-        if (pair && rep > 0)
-            share[rep - 1] = b->decode / (ms / 1000.0) * (double)b->step_bytes / (gbs[rep - 1] * 1e9);
-    }
-    if (pair) {
-        b->paired = median(share, b->repeat);
-        b->paired_gbs = median(gbs, b->repeat);
+        if (pair && rep > 0 && b->n_paired < MAX_REPEAT) {
+            b->share[b->n_paired] = b->decode / (ms / 1000.0) * (double)b->step_bytes / (gbs * 1e9);
+            b->gbs[b->n_paired++] = gbs;
+        }
     }
     for (int i = 0; i < B; i++) dol_engine_seq_free(b->e, seqs[i]);
     return (double)B * b->decode / (best / 1000.0);
@@ -625,21 +810,20 @@ int main(int argc, char **argv)
     unsigned long long mach0 = 0, self0 = 0, mach1 = 0, self1 = 0;
     int have_ticks = cpu_ticks(&mach0, &self0) == 0;
     double wall0 = now_s();
-    bench b = { .e = e, .V = V, .decode = decode, .repeat = repeat, .progress = isatty(2) };
+    bench b = { .e = e, .V = V, .decode = decode, .progress = isatty(2) };
     /* The probe measures host memory: it bounds the CPU backend only (a GPU
      * backend's roofline is its device bandwidth, scripts/gpu-check.sh). */
     bool cpu_backend = !strcmp(be, "cpu");
-    double gbs = 0, roofline = 0;
+    double roofline = 0;
     b.step_bytes = step_bytes;
     if (cpu_backend) {
         if (b.progress) fprintf(stderr, "bench: memory bandwidth probe (%zu MiB) ...", probe >> 20);
         if (!(b.pr = probe_open(threads, probe))) return 1;
-        for (int pass = 0; pass < PROBE_PASSES; pass++) {
-            double g = probe_pass(b.pr);
-            if (g > gbs) gbs = g;
-        }
-        roofline = gbs * 1e9 / (double)step_bytes;
+        for (int pass = 0; pass < PROBE_PASSES; pass++) bench_probe(&b);
     }
+    /* the compute roofline: taken before and after the rounds, the best counts */
+    const int lanes = cpu_backend ? fma_lanes(dol_engine_cpu_kernels()) : 0;
+    double peak = fma_peak(threads, lanes);
 
     int n_toks = max_prompt + SHORT_PROMPT + decode + max_b + 1;
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_toks);
@@ -650,33 +834,60 @@ int main(int argc, char **argv)
     b.toks = toks;
     b.logits = logits;
 
-    row rows[3 * MAX_LIST + 8];
+    /* The table's figures, in rounds: each round times every prompt length
+     * once (after its own warm-up call) and every batch size once; each
+     * figure is the best of its rounds. */
+    double prefill[MAX_LIST] = { 0 };
+    double measured[MAX_BATCH + 1] = { 0 };
+    for (int round = 0; round < repeat; round++) {
+        for (int i = 0; i < n_prompts; i++) {
+            if (prompts[i] > ctx) continue;
+            double tps = prefill_tps(&b, prompts[i], 1, true);
+            if (tps < 0) return 1;
+            if (tps > prefill[i]) prefill[i] = tps;
+        }
+        bool done[MAX_BATCH + 1] = { false }; /* a batch size listed twice runs once a round */
+        for (int i = 0; i < n_batches; i++) {
+            int B = batches[i];
+            if (done[B]) continue;
+            done[B] = true;
+            double tps = decode_tps(&b, B, 1);
+            if (tps < 0) return 1;
+            if (tps > measured[B]) measured[B] = tps;
+        }
+    }
+    if (cpu_backend) roofline = b.best_gbs * 1e9 / (double)step_bytes;
+    double peak2 = fma_peak(threads, lanes);
+    if (peak2 > peak) peak = peak2;
+
+    row rows[4 * MAX_LIST + 12];
     int n_rows = 0;
     char label[64];
     char na[64];
     snprintf(na, sizeof na, "n/a (backend %s)", be);
-    if (cpu_backend) add_row(rows, &n_rows, "memory read bandwidth (GB/s)", "%.1f", gbs);
+    if (cpu_backend) add_row(rows, &n_rows, "memory read bandwidth (GB/s)", "%.1f", b.best_gbs);
     else add_row(rows, &n_rows, "memory read bandwidth (GB/s)", "%s", na);
     add_row(rows, &n_rows, "weight bytes per decode step (MB)", "%.1f", step_bytes / 1e6);
     if (cpu_backend) add_row(rows, &n_rows, "roofline decode tokens/s (batch 1)", "%.1f", roofline);
     else add_row(rows, &n_rows, "roofline decode tokens/s (batch 1)", "%s", na);
+    if (peak > 0) add_row(rows, &n_rows, "FMA peak (GFLOP/s, f32)", "%.1f", peak);
+    else add_row(rows, &n_rows, "FMA peak (GFLOP/s, f32)", "n/a (backend %s, kernels %s)", be,
+                 cpu_backend ? dol_engine_cpu_kernels() : "-");
     for (int i = 0; i < n_prompts; i++) {
         snprintf(label, sizeof label, "prefill tokens/s @%d", prompts[i]);
-        if (prompts[i] > ctx) {
-            add_row(rows, &n_rows, label, "n/a (context %d)", ctx);
-            continue;
-        }
-        double tps = prefill_tps(&b, prompts[i]);
-        if (tps < 0) return 1;
-        add_row(rows, &n_rows, label, "%.1f", tps);
+        if (prompts[i] > ctx) add_row(rows, &n_rows, label, "n/a (context %d)", ctx);
+        else add_row(rows, &n_rows, label, "%.1f", prefill[i]);
     }
-    /* decode: each batch size measured once, shared by the rows and the sweep */
-    double measured[MAX_BATCH + 1] = { 0 };
+    for (int i = 0; i < n_prompts && peak > 0; i++) {
+        if (prompts[i] > ctx) continue;
+        snprintf(label, sizeof label, "prefill @%d %% of FMA peak", prompts[i]);
+        add_row(rows, &n_rows, label, "%.0f %% (%.1f MFLOP/token)",
+                100.0 * prefill[i] * prefill_flops_per_token(c, prompts[i]) / (peak * 1e9),
+                prefill_flops_per_token(c, prompts[i]) / 1e6);
+    }
     for (int i = 0; i < n_batches; i++) {
-        int B = batches[i];
-        if (measured[B] == 0 && (measured[B] = decode_tps(&b, B)) < 0) return 1;
-        snprintf(label, sizeof label, "decode tokens/s batch %d", B);
-        add_row(rows, &n_rows, label, "%.1f", measured[B]);
+        snprintf(label, sizeof label, "decode tokens/s batch %d", batches[i]);
+        add_row(rows, &n_rows, label, "%.1f", measured[batches[i]]);
     }
     if (measured[1] > 0) {
         for (int i = 0; i < n_batches; i++) {
@@ -686,18 +897,19 @@ int main(int argc, char **argv)
         }
         if (cpu_backend) {
             add_row(rows, &n_rows, "decode batch 1 % of roofline", "%.0f %%", 100.0 * measured[1] / roofline);
-            if (b.paired > 0) {
+            if (b.n_paired > 0) {
                 add_row(rows, &n_rows, "paired: probe before each run (GB/s, median)", "%.1f",
-                        b.paired_gbs);
+                        median(b.gbs, b.n_paired));
                 add_row(rows, &n_rows, "paired: decode batch 1 % of that probe (median)", "%.0f %%",
-                        100.0 * b.paired);
+                        100.0 * median(b.share, b.n_paired));
             }
         } else {
             add_row(rows, &n_rows, "decode batch 1 % of roofline", "%s", na);
         }
     }
+    /* the sweep: the batch sizes the rounds did not measure, best of `repeat` runs each */
     for (int B = sweep_a; sweep_a && B <= sweep_b; B++)
-        if (measured[B] == 0 && (measured[B] = decode_tps(&b, B)) < 0) return 1;
+        if (measured[B] == 0 && (measured[B] = decode_tps(&b, B, repeat)) < 0) return 1;
     probe_close(b.pr);
     b.pr = NULL;
     if (b.progress) fprintf(stderr, "\r%60s\r", "");
