@@ -41,7 +41,7 @@ static int usage(void)
 {
     fprintf(stderr,
             "usage: bench_engine MODEL_DIR [--threads N] [--prompts 128,512 | --prompt N]\n"
-            "                    [--decode N] [--batches 1,8] [--repeat N]\n"
+            "                    [--decode N] [--batches 1,8] [--repeat ROUNDS]\n"
             "                    [--sweep A-B] [--sweep-out FILE] [--markdown]\n"
             "                    [--weights auto|f32|f16|nf4] [--backend auto|cpu|cuda]\n");
     return 2;
