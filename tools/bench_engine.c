@@ -360,12 +360,12 @@ static void probe_close(probe *pr)
  * untimed run that wakes the CPUs up) to the end of the last one; the best
  * of FMA_PASSES passes counts, in GFLOP/s (1e9 FLOP/s). */
 #define FMA_CHAINS 12
-#define FMA_ITERS (1 << 20) /* per thread per pass: 12.6 M vector FMAs */
+#define FMA_ITERS (1 << 23) /* per thread per pass: 100 M vector FMAs, ~30 ms */
 #define FMA_PASSES 5
 
+#if defined(__x86_64__) || defined(__i386__)
 static volatile float fma_sink;
 
-#if defined(__x86_64__) || defined(__i386__)
 #define FMA_BODY(V, FMA, SET1, ITERS)                                                   \
     V x = SET1(0.999f), y = SET1(1e-4f);                                                \
     V a0 = SET1(0.f), a1 = SET1(1.f), a2 = SET1(2.f), a3 = SET1(3.f), a4 = SET1(4.f);   \
@@ -411,7 +411,7 @@ static void fma_run(int lanes, long iters)
 static void *fma_thread(void *v)
 {
     fma_arg *a = v;
-    fma_run(a->lanes, FMA_ITERS / 8); /* untimed: wakes the CPU */
+    fma_run(a->lanes, FMA_ITERS / 2); /* untimed: wakes the CPU, settles its clock */
     pthread_barrier_wait(a->bar);
     a->t0 = now_s();
     fma_run(a->lanes, FMA_ITERS);
@@ -432,8 +432,9 @@ static int fma_lanes(const char *kernels)
     return 0;
 }
 
-/* Best of FMA_PASSES passes of `threads` threads, GFLOP/s; 0 when the
- * threads cannot be started (printed) or lanes is 0. */
+/* Best of FMA_PASSES passes of `threads` threads, GFLOP/s; 0 when lanes
+ * is 0. Exits with one line on stderr when memory or a thread cannot be
+ * had. */
 static double fma_peak(int threads, int lanes)
 {
     if (!lanes) return 0;
@@ -441,7 +442,10 @@ static double fma_peak(int threads, int lanes)
     pthread_t *tid = calloc((size_t)threads, sizeof *tid);
     fma_arg *args = calloc((size_t)threads, sizeof *args);
     pthread_barrier_t bar;
-    if (!tid || !args) goto out;
+    if (!tid || !args) {
+        fprintf(stderr, "bench_engine: FMA probe: out of memory\n");
+        exit(1);
+    }
     for (int pass = 0; pass < FMA_PASSES; pass++) {
         /* as probe_pass: the engine's pool workers go to sleep first */
         nanosleep(&(struct timespec){ 0, 1000 * 1000 }, NULL);
@@ -465,7 +469,6 @@ static double fma_peak(int threads, int lanes)
         double flops = 2.0 * lanes * FMA_CHAINS * (double)FMA_ITERS * threads;
         if (t1 > t0 && flops / (t1 - t0) / 1e9 > best) best = flops / (t1 - t0) / 1e9;
     }
-out:
     free(tid);
     free(args);
     return best;
@@ -834,11 +837,14 @@ int main(int argc, char **argv)
     b.toks = toks;
     b.logits = logits;
 
-    /* The table's figures, in rounds: each round times every prompt length
-     * once (after its own warm-up call) and every batch size once; each
-     * figure is the best of its rounds. */
+    /* The table's figures and the sweep, in rounds: each round times every
+     * prompt length once (after its own warm-up call) and every batch size
+     * of --batches and --sweep once; each figure is the best of its
+     * rounds. */
     double prefill[MAX_LIST] = { 0 };
     double measured[MAX_BATCH + 1] = { 0 };
+    bool listed1 = false; /* batch 1 in --batches: the rows relative to it */
+    for (int i = 0; i < n_batches; i++) listed1 |= batches[i] == 1;
     for (int round = 0; round < repeat; round++) {
         for (int i = 0; i < n_prompts; i++) {
             if (prompts[i] > ctx) continue;
@@ -847,8 +853,8 @@ int main(int argc, char **argv)
             if (tps > prefill[i]) prefill[i] = tps;
         }
         bool done[MAX_BATCH + 1] = { false }; /* a batch size listed twice runs once a round */
-        for (int i = 0; i < n_batches; i++) {
-            int B = batches[i];
+        for (int i = 0; i < n_batches + (sweep_a ? sweep_b - sweep_a + 1 : 0); i++) {
+            int B = i < n_batches ? batches[i] : sweep_a + (i - n_batches);
             if (done[B]) continue;
             done[B] = true;
             double tps = decode_tps(&b, B, 1);
@@ -889,7 +895,7 @@ int main(int argc, char **argv)
         snprintf(label, sizeof label, "decode tokens/s batch %d", batches[i]);
         add_row(rows, &n_rows, label, "%.1f", measured[batches[i]]);
     }
-    if (measured[1] > 0) {
+    if (listed1) {
         for (int i = 0; i < n_batches; i++) {
             if (batches[i] == 1) continue;
             snprintf(label, sizeof label, "batch %d / batch 1", batches[i]);
@@ -907,9 +913,6 @@ int main(int argc, char **argv)
             add_row(rows, &n_rows, "decode batch 1 % of roofline", "%s", na);
         }
     }
-    /* the sweep: the batch sizes the rounds did not measure, best of `repeat` runs each */
-    for (int B = sweep_a; sweep_a && B <= sweep_b; B++)
-        if (measured[B] == 0 && (measured[B] = decode_tps(&b, B, repeat)) < 0) return 1;
     probe_close(b.pr);
     b.pr = NULL;
     if (b.progress) fprintf(stderr, "\r%60s\r", "");
