@@ -296,7 +296,8 @@ static inline void v_sum4(const vecf a[4], float *out)
  * prefetch of a later panel, see k_matmul_packed_rows). Every output
  * follows k_dot's order exactly: the same vector steps over k, the same
  * tail. */
-/* Tuning, measured on the 2-vCPU AMD EPYC (Zen 5) VM with the 110m shape
+/* Tuning, measured on the 2-vCPU AMD EPYC VM (a Zen 5 until 2026-11-30, a
+ * Zen 4 since: the lines that name no host are the Zen 5) with the 110m shape
  * (scripts/bench, docs/performance.md); each was compared with its
  * neighbours in alternating runs:
  *   PACK_PF_BYTES     prefetch distance ahead of the stream (1024; 512 and
@@ -308,6 +309,13 @@ static inline void v_sum4(const vecf a[4], float *out)
  *                     panel (batch-8 decode 695 -> 830 tokens/s against the
  *                     cache-blocked order; 602 without the steady prefetch;
  *                     prefetching two panels ahead: no better)
+ *   steady prefetch   hint T1 (into L2; the look-ahead brings each chunk
+ *                     on into L1): on the Zen 4 VM, cold F16 products, two
+ *                     threads, 768 x 2048 at 8 rows 177-193 -> 134-150 us,
+ *                     at 4 rows 151-168 -> 94-96, 2048 x 768 at 3 rows
+ *                     116-139 -> 96-107, lm_head 32000 x 768 at 8 rows
+ *                     2378-2649 -> 1997-2324; alike with W in L3; on the
+ *                     Zen 5 VM T0, T1, T2 and NTA read alike
  *   PACK_XROWS        rows of x per register tile: 6 x 4 accumulators + 4
  *                     weights + 1 input fit the 32 zmm registers; the 16
  *                     ymm of AVX2 take 3 x 4
@@ -361,8 +369,8 @@ static inline void prefetch_ahead(const char *chunk, size_t esz)
         const char *pq = pf;                                                                \
         for (; k < kc; k += DOL_PACK_K, wc += DOL_PACK_ROWS * DOL_PACK_K * esz) {           \
             prefetch_ahead(wc, esz); /* the chunk PACK_PF_BYTES ahead */                    \
-            if (PF && pq) { /* steady prefetch of a later panel */                          \
-                for (int q = 0; q < ppu; q++) _mm_prefetch(pq + (size_t)q * 64, _MM_HINT_T0); \
+            if (PF && pq) { /* steady prefetch of a later panel, into L2 */                 \
+                for (int q = 0; q < ppu; q++) _mm_prefetch(pq + (size_t)q * 64, _MM_HINT_T1); \
                 pq += (size_t)ppu * 64;                                                     \
             }                                                                               \
             for (int kk = 0; kk < DOL_PACK_K; kk += DOL_SIMD) {                             \
