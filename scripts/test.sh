@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the whole test suite on a fresh machine: install
 # dependencies, build (Release, plus an ASan/UBSan build), run the unit tests
-# (ctest), the HTTP tests against a live dolphind (pytest), the Node
-# `openai` client tests when present, the fuzz targets (scripts/fuzz.sh,
+# (ctest), the HTTP tests against a live dolphind (pytest from the .venv that
+# setup.sh builds: the official `openai` client suite and the schemathesis
+# run against docs/openapi.yaml are part of them), the fuzz targets (scripts/fuzz.sh,
 # DOLPHIN_FUZZ_SECONDS each, default 45 here) and the soak test
 # (tests/soak). Fixtures come from $DOLPHIN_SHARED (default ../shared).
 # Exits non-zero when anything fails.
@@ -26,18 +27,14 @@ ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -LE 
 echo "== unit tests (ctest, Release)"
 ctest --test-dir build --output-on-failure -LE cuda
 
-echo "== HTTP tests (pytest against build-asan/dolphind)"
-DOLPHIN_BIN="$PWD/build-asan/dolphind" /usr/bin/python3 -m pytest tests/http -q -p no:cacheprovider
-
-if [ -f tests/node/package.json ]; then
-  echo "== client tests (Node openai package)"
-  DOLPHIN_BIN="$PWD/build/dolphind" node --test tests/node/
-fi
+PY="$PWD/.venv/bin/python"
+echo "== HTTP tests, openai client, schemathesis (pytest against build-asan/dolphind)"
+DOLPHIN_BIN="$PWD/build-asan/dolphind" "$PY" -m pytest tests/http -q -p no:cacheprovider
 
 echo "== fuzzing (libFuzzer + ASan/UBSan, scripts/fuzz.sh)"
 DOLPHIN_FUZZ_SECONDS="${DOLPHIN_FUZZ_SECONDS:-45}" bash scripts/fuzz.sh
 
 echo "== soak test (tests/soak/soak.py: build/dolphind, then build-asan/dolphind)"
-/usr/bin/python3 tests/soak/soak.py --bin "$PWD/build/dolphind"
-/usr/bin/python3 tests/soak/soak.py --bin "$PWD/build-asan/dolphind" --no-rss-check
+"$PY" tests/soak/soak.py --bin "$PWD/build/dolphind"
+"$PY" tests/soak/soak.py --bin "$PWD/build-asan/dolphind" --no-rss-check
 echo "== all tests passed"

@@ -1,6 +1,7 @@
 /* src/api/parse_tokenize.c — validation of POST /tokenize and POST /detokenize
  * bodies (the vLLM-style tokenizer endpoints). /tokenize takes a prompt
- * string (with add_special_tokens, default true, adding BOS) or chat
+ * string (with add_special_tokens, default true, adding BOS), the same text
+ * as llama.cpp's `content` (whose `add_special` defaults to false), or chat
  * messages (encoded in the Llama-2 chat format, see chat.c); /detokenize
  * takes a list of token ids. Unknown fields are ignored. */
 #include "api/api.h"
@@ -36,26 +37,36 @@ int dol_api_parse_tokenize(const cJSON *body, dol_tokenize_params *p, dol_api_er
     }
     if (get_model(body, &p->model, e)) return -1;
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(body, "content");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(body, "messages");
-    const cJSON *ast = cJSON_GetObjectItemCaseSensitive(body, "add_special_tokens");
     if (prompt && cJSON_IsNull(prompt)) prompt = NULL;
+    if (content && cJSON_IsNull(content)) content = NULL;
     if (msgs && cJSON_IsNull(msgs)) msgs = NULL;
-    if (ast && !cJSON_IsNull(ast)) {
-        if (!cJSON_IsBool(ast)) {
-            dol_api_error_invalid(e, "add_special_tokens",
-                                  "'add_special_tokens' must be a boolean.");
-            return -1;
-        }
-        p->add_special_tokens = cJSON_IsTrue(ast);
-    }
-    if (!prompt == !msgs) {
-        dol_api_error_invalid(e, prompt ? "messages" : "prompt",
-                              "Give exactly one of 'prompt' (a string) or 'messages'.");
+    int given = !!prompt + !!content + !!msgs;
+    if (given != 1) {
+        dol_api_error_invalid(e, !given ? "prompt" : msgs ? "messages" : "content",
+                              "Give exactly one of 'prompt' (or llama.cpp's 'content', a "
+                              "string) or 'messages'.");
         return -1;
     }
+    /* llama.cpp's `content` comes with its `add_special` (default false);
+     * `add_special_tokens`, when given, wins for either spelling. */
+    const char *flags[2] = {"add_special_tokens", "add_special"};
+    if (content) p->add_special_tokens = false;
+    for (int i = 1; i >= 0; i--) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(body, flags[i]);
+        if (!f || cJSON_IsNull(f)) continue;
+        if (!cJSON_IsBool(f)) {
+            dol_api_error_invalid(e, flags[i], "'%s' must be a boolean.", flags[i]);
+            return -1;
+        }
+        p->add_special_tokens = cJSON_IsTrue(f);
+    }
     if (msgs) return dol_api_parse_messages(msgs, &p->messages, &p->n_messages, e);
+    const char *field = content ? "content" : "prompt";
+    if (content) prompt = content;
     if (!cJSON_IsString(prompt)) {
-        dol_api_error_invalid(e, "prompt", "'prompt' must be a string.");
+        dol_api_error_invalid(e, field, "'%s' must be a string.", field);
         return -1;
     }
     p->prompt_len = strlen(prompt->valuestring);

@@ -79,6 +79,8 @@ typedef struct dol_http_req {
     size_t body_len, body_cap;
     bool too_large;
     size_t discarded;
+    int head_status;             /* 414 or 431 when the request line or headers
+                                    are over Dolphin's limits, else 0 */
 
     /* guarded by the registry lock */
     bool suspended;              /* MHD has the connection suspended */

@@ -1,10 +1,12 @@
 /* src/http/route_tokenize.c — the tokenizer endpoints, shaped like vLLM's:
  *
  *   POST /tokenize   {"prompt": "text", "add_special_tokens": true}
+ *                    or llama.cpp's {"content": "text", "add_special": false}
  *                    or {"messages": [...]} (the chat format's prompt ids,
  *                    exactly what /v1/chat/completions feeds the model)
  *                 -> {"tokens": [...], "count": n, "max_model_len": ctx}
- *   POST /detokenize {"tokens": [...]} -> {"prompt": "text"}
+ *   POST /detokenize {"tokens": [...]} -> {"prompt": "text", "content": "text"}
+ *                    (vLLM's and llama.cpp's names for the same text)
  *
  * Neither touches the scheduler; both answer at once. */
 #include "http/http.h"
@@ -95,5 +97,11 @@ enum MHD_Result dol_http_detokenize(dol_http_req *c)
         return dol_http_send_json(c, 500, NULL);
     }
     cJSON_AddItemToObject(root, "prompt", t);
+    cJSON *dup = cJSON_Duplicate(t, false);
+    if (!dup) {
+        cJSON_Delete(root);
+        return dol_http_send_json(c, 500, NULL);
+    }
+    cJSON_AddItemToObject(root, "content", dup);
     return dol_http_send_cjson(c, 200, root);
 }

@@ -22,6 +22,12 @@
 /* MHD's per-connection memory pool holds the headers and the read buffer;
  * bodies are accumulated in our own buffer, up to cfg->max_body_bytes. */
 #define CONN_MEMORY_LIMIT (256 * 1024)
+/* Dolphin's own limits on the request target and on the headers, those of
+ * nginx's default large_client_header_buffers (4 x 8 KiB): over them the
+ * answer is a JSON 414 or 431. Only past CONN_MEMORY_LIMIT does
+ * libmicrohttpd answer itself, with HTML (docs/openapi.yaml). */
+#define MAX_TARGET_BYTES 8192
+#define MAX_HEADER_BYTES 32768
 /* A too-large body is read and discarded (so the client sees the 413
  * instead of a reset) up to this much; beyond, the connection is dropped. */
 #define DISCARD_LIMIT ((size_t)64 << 20)
@@ -132,7 +138,8 @@ static void error_headers(dol_http_req *c, struct MHD_Response *resp, int status
         const char *allow = post ? "POST" : "GET, HEAD";
         MHD_add_response_header(resp, "Allow", allow);
     }
-    if (status == 413) MHD_add_response_header(resp, "Connection", "close");
+    if (status == 413 || status == 414 || status == 431)
+        MHD_add_response_header(resp, "Connection", "close");
 }
 
 enum MHD_Result dol_http_send_json(dol_http_req *c, int status, char *body)
@@ -263,9 +270,43 @@ static const char *printable(const char *s, char *buf, size_t n)
     return buf;
 }
 
+static enum MHD_Result add_size(void *cls, enum MHD_ValueKind kind, const char *key,
+                                const char *value)
+{
+    (void)kind;
+    size_t *n = cls;
+    *n += strlen(key) + (value ? strlen(value) : 0) + 4;   /* "k: v\r\n", "k=v&" */
+    return MHD_YES;
+}
+
+/* 414 when the request target (path and query) is longer than
+ * MAX_TARGET_BYTES, 431 when the headers add up to more than
+ * MAX_HEADER_BYTES, else 0. */
+static int head_status(struct MHD_Connection *conn, const char *url)
+{
+    size_t target = strlen(url), headers = 0;
+    MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, add_size, &target);
+    if (target > MAX_TARGET_BYTES) return 414;
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, add_size, &headers);
+    return headers > MAX_HEADER_BYTES ? 431 : 0;
+}
+
 static enum MHD_Result dispatch(dol_http_req *c, const char *url)
 {
     dol_api_error e;
+    if (c->head_status == 414) {
+        dol_api_error_set(&e, 414, "invalid_request_error", NULL, "uri_too_long",
+                          "The request URI is longer than the limit of %d bytes.",
+                          MAX_TARGET_BYTES);
+        return dol_http_send_error(c, &e);
+    }
+    if (c->head_status == 431) {
+        dol_api_error_set(&e, 431, "invalid_request_error", NULL,
+                          "request_header_fields_too_large",
+                          "The request headers add up to more than the limit of %d bytes.",
+                          MAX_HEADER_BYTES);
+        return dol_http_send_error(c, &e);
+    }
     int ri = find_route(url);
     if (ri < 0) {
         char buf[200];
@@ -378,6 +419,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         c = req_new(s, conn, method);
         if (!c) return MHD_NO;
         *con_cls = c;
+        c->head_status = head_status(conn, url);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {

@@ -1,5 +1,6 @@
-"""POST /tokenize, POST /detokenize (vLLM-like) and GET /v1/models/{id}:
-the real Llama-2 tokenizer's golden ids, round trips, and errors."""
+"""POST /tokenize, POST /detokenize (vLLM-like, with llama.cpp's field
+names accepted too) and GET /v1/models/{id}: the real Llama-2 tokenizer's
+golden ids, round trips, and errors."""
 import requests
 
 from conftest import API_KEY, assert_error_shape, golden
@@ -17,7 +18,7 @@ def test_tokenize_golden_llama2(tiny_server):
         assert with_bos["tokens"] == [1] + case["ids"]
         back = tiny_server.post("/detokenize", {"tokens": case["ids"]})
         assert back.status_code == 200, back.text
-        assert back.json() == {"prompt": case["decoded"]}
+        assert back.json() == {"prompt": case["decoded"], "content": case["decoded"]}
 
 
 def test_tokenize_matches_completion_prompt(server, stories_golden):
@@ -28,13 +29,34 @@ def test_tokenize_matches_completion_prompt(server, stories_golden):
         assert r.json()["usage"]["prompt_tokens"] == len(got)
 
 
+def test_tokenize_llama_cpp_fields(tiny_server):
+    """llama.cpp's /tokenize names the text `content` and adds BOS only with
+    `add_special: true`; its /detokenize answers `content`."""
+    case = golden("tokenizer-llama2")["cases"][0]
+    r = tiny_server.post("/tokenize", {"content": case["text"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == case["ids"]
+    r = tiny_server.post("/tokenize", {"content": case["text"], "add_special": True})
+    assert r.json()["tokens"] == [1] + case["ids"]
+    # vLLM's flag wins when both are given, for either spelling of the text
+    r = tiny_server.post("/tokenize", {"content": case["text"], "add_special": False,
+                                       "add_special_tokens": True})
+    assert r.json()["tokens"] == [1] + case["ids"]
+    r = tiny_server.post("/tokenize", {"prompt": case["text"], "add_special": False})
+    assert r.json()["tokens"] == case["ids"]
+    assert tiny_server.post("/detokenize", {"tokens": case["ids"]}).json()["content"] == \
+        case["decoded"]
+
+
 def test_detokenize_specials_and_empty(tiny_server):
-    assert tiny_server.post("/detokenize", {"tokens": []}).json() == {"prompt": ""}
+    def text(ids):
+        body = tiny_server.post("/detokenize", {"tokens": ids}).json()
+        assert body["content"] == body["prompt"]
+        return body["prompt"]
+    assert text([]) == ""
     # BOS/EOS decode to nothing; a lone byte-fallback token to U+FFFD
-    assert tiny_server.post("/detokenize", {"tokens": [1, 15043, 2]}).json() == {
-        "prompt": "Hello"}
-    assert tiny_server.post("/detokenize", {"tokens": [0xE4 + 3]}).json() == {
-        "prompt": "\ufffd"}
+    assert text([1, 15043, 2]) == "Hello"
+    assert text([0xE4 + 3]) == "\ufffd"
 
 
 def test_tokenize_errors(server):
@@ -45,6 +67,13 @@ def test_tokenize_errors(server):
                        param="messages")
     assert_error_shape(server.post("/tokenize", {"prompt": "a", "add_special_tokens": 1}), 400,
                        param="add_special_tokens")
+    assert_error_shape(server.post("/tokenize", {"content": "a", "add_special": "yes"}), 400,
+                       param="add_special")
+    assert_error_shape(server.post("/tokenize", {"content": 5}), 400, param="content")
+    assert_error_shape(server.post("/tokenize", {"prompt": "a", "content": "a"}), 400,
+                       param="content")
+    assert_error_shape(server.post("/tokenize", {"content": "a", "messages": []}), 400,
+                       param="messages")
     assert_error_shape(server.post("/tokenize", {"prompt": "a", "model": "nope"}), 404,
                        param="model", code="model_not_found")
     assert_error_shape(server.post("/tokenize", [1, 2]), 400)

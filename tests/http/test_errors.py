@@ -7,7 +7,7 @@ import socket
 import pytest
 import requests
 
-from conftest import API_KEY, assert_error_shape
+from conftest import API_KEY, REPO, assert_error_shape
 
 JSON = {"Content-Type": "application/json"}
 
@@ -340,3 +340,72 @@ def test_fuzzed_bodies_never_5xx(server):
             else:
                 r.content  # drain (may be a stream)
     assert requests.get(server.url + "/healthz", timeout=30).status_code == 200
+
+
+def raw_exchange(server, data):
+    """Send raw bytes on a fresh connection; return everything the server
+    sends until it closes (or 10 s pass)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (socket.timeout, ConnectionResetError):
+            pass
+    return out
+
+
+def split_answer(raw):
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    return status, headers, body
+
+
+@pytest.mark.parametrize("case", ["target", "headers"])
+def test_request_line_and_headers_over_dolphins_limits(server, case):
+    """A request target over 8 KiB is a JSON 414 and headers over 32 KiB a
+    JSON 431, both in OpenAI's shape with X-Request-Id, from Dolphin itself."""
+    if case == "target":
+        r = requests.get(server.url + "/v1/models?pad=" + "a" * 9000, timeout=30)
+        err = assert_error_shape(r, 414, code="uri_too_long")
+    else:
+        r = requests.get(server.url + "/v1/models", headers={"X-Pad": "a" * 40000}, timeout=30)
+        err = assert_error_shape(r, 431, code="request_header_fields_too_large")
+    assert err["type"] == "invalid_request_error"
+    assert r.headers["Connection"].lower() == "close"
+    # just under the limits the request is served
+    assert requests.get(server.url + "/v1/models?pad=" + "a" * 7000, timeout=30).ok
+    assert requests.get(server.url + "/v1/models", headers={"X-Pad": "a" * 30000},
+                        timeout=30).ok
+
+
+# libmicrohttpd answers these itself, with a small HTML page, before any of
+# Dolphin's code runs (docs/openapi.yaml, docs/robustness.md): a request line
+# or headers past its 256 KiB per-connection memory pool, a malformed header
+# line, an HTTP version it does not speak.
+MHD_ANSWERS = [
+    ("target-past-pool", b"GET /v1/models?pad=" + b"a" * 300_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+     414),
+    ("headers-past-pool", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 300_000 +
+     b"\r\n\r\n", 431),
+    ("malformed-header-line", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+     400),
+    ("unknown-version", b"GET /v1/models HTTP/2.5\r\nHost: x\r\n\r\n", 505),
+]
+
+
+@pytest.mark.parametrize("data,status", [c[1:] for c in MHD_ANSWERS],
+                         ids=[c[0] for c in MHD_ANSWERS])
+def test_libmicrohttpd_answers_are_the_documented_exception(server, data, status):
+    """The one exception to JSON errors, documented in docs/openapi.yaml: the
+    status is right, the connection is closed, the server keeps serving."""
+    got, headers, body = split_answer(raw_exchange(server, data))
+    assert got == status
+    assert headers.get("connection", "").lower() == "close"
+    assert body.startswith(b"<html>")
+    spec = (REPO / "docs" / "openapi.yaml").read_text()
+    assert f"{status}:" in spec or f"'{status}'" in spec or f'"{status}"' in spec
+    assert requests.get(server.url + "/v1/models", timeout=30).ok
