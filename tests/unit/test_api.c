@@ -280,6 +280,29 @@ static void test_tokenizer_bodies(void **state)
     assert_int_equal(dol_api_parse_tokenize(b, &p, &e), -1);
     dol_api_tokenize_params_free(&p);
     cJSON_Delete(b);
+    /* llama.cpp's spelling: `content`, BOS only with add_special */
+    b = cJSON_Parse("{\"content\":\"hi\"}");
+    assert_int_equal(dol_api_parse_tokenize(b, &p, &e), 0);
+    assert_string_equal(p.prompt, "hi");
+    assert_false(p.add_special_tokens);
+    dol_api_tokenize_params_free(&p);
+    cJSON_Delete(b);
+    b = cJSON_Parse("{\"content\":\"hi\",\"add_special\":true}");
+    assert_int_equal(dol_api_parse_tokenize(b, &p, &e), 0);
+    assert_true(p.add_special_tokens);
+    dol_api_tokenize_params_free(&p);
+    cJSON_Delete(b);
+    static const char *bad_tok[][2] = {{"{\"content\":\"a\",\"prompt\":\"a\"}", "content"},
+                                       {"{\"content\":1}", "content"},
+                                       {"{\"content\":\"a\",\"add_special\":0}", "add_special"},
+                                       {"{}", "prompt"}};
+    for (size_t i = 0; i < sizeof bad_tok / sizeof bad_tok[0]; i++) {
+        b = cJSON_Parse(bad_tok[i][0]);
+        assert_int_equal(dol_api_parse_tokenize(b, &p, &e), -1);
+        assert_string_equal(e.param, bad_tok[i][1]);
+        dol_api_tokenize_params_free(&p);
+        cJSON_Delete(b);
+    }
 
     char *model = NULL;
     int32_t *ids = NULL;
