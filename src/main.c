@@ -36,22 +36,6 @@ static int wait_signal(const sigset_t *sigs, long timeout_ms)
 
 static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
 
-/* SIGTERM/SIGINT before ready: free what exists (NULL = not made yet), exit 0. */
-static int stop_during_startup(int sig, dol_server *srv, dol_scheduler *sched,
-                               dol_engine *engine, dol_tokenizer *tok, dol_model *model)
-{
-    dol_log(DOL_LOG_INFO, "stopping", "signal=%s during=start-up", signal_name(sig));
-    dol_server_set_state(srv, DOL_STATE_DRAINING);
-    dol_server_attach(srv, NULL, NULL, NULL);
-    dol_scheduler_free(sched);
-    dol_server_stop(srv);
-    dol_engine_free(engine);
-    dol_tokenizer_free(tok);
-    dol_model_free(model);
-    dol_log(DOL_LOG_INFO, "stopped", "unfinished_requests=0");
-    return 0;
-}
-
 /* One warm-up generation: a prompt of n_prompt tokens (BOS, then arbitrary
  * ids), n choices, max_tokens each, greedy. 0 done, 1 skipped (the shape
  * does not fit this configuration), 2 interrupted by a signal (*sig set),
@@ -133,8 +117,7 @@ int main(int argc, char **argv)
     if (rc != 0) return fail(2, err);
     if (cfg.model[0] == '\0')
         return fail(2, "no model: pass --model DIR (a Hugging Face Llama directory) or set model: in the config");
-    int lvl = dol_log_parse_level(cfg.log_level);
-    dol_log_set_level(lvl < 0 ? DOL_LOG_INFO : (dol_log_level)lvl);
+    dol_log_set_level(cfg.log_level);
 
     /* Signals are handled synchronously by this thread (sigwait); every
      * thread started from here on inherits the mask. */
@@ -148,29 +131,28 @@ int main(int argc, char **argv)
     int threads = cfg.threads > 0 ? cfg.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1) threads = 1;
 
+    /* What exists so far (NULL = not made); the ladder at `out` frees it.
+     * exit_code: 1 for a failure (err), 0 for a stop by signal. */
     dol_server *srv = NULL;
+    dol_model *model = NULL;
+    dol_tokenizer *tok = NULL;
+    dol_engine *engine = NULL;
+    dol_scheduler *sched = NULL;
+    int exit_code = 1, sig = 0, left = 0;
+    double t_drain = 0;
+
     if (dol_server_start(&cfg, &srv, err, sizeof err) != 0) return fail(1, err);
     dol_log(DOL_LOG_INFO, "listening", "host=%s port=%d", cfg.host, dol_server_port(srv));
 
     double t0 = dol_now_ms();
-    dol_model *model = NULL;
-    if (dol_model_load(cfg.model, &model, err, sizeof err) != 0) {
-        dol_server_stop(srv);
-        return fail(1, err);
-    }
+    if (dol_model_load(cfg.model, &model, err, sizeof err) != 0) goto out;
     if (cfg.served_model_name[0])
         snprintf(model->name, sizeof model->name, "%s", cfg.served_model_name);
 
     char tok_path[1200];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.model", cfg.model);
-    dol_tokenizer *tok = NULL;
-    if (dol_tokenizer_load(tok_path, &tok, err, sizeof err) != 0) {
-        dol_model_free(model);
-        dol_server_stop(srv);
-        return fail(1, err);
-    }
-    int sig = wait_signal(&sigs, 0);   /* loading takes a while: stop now if asked */
-    if (sig) return stop_during_startup(sig, srv, NULL, NULL, tok, model);
+    if (dol_tokenizer_load(tok_path, &tok, err, sizeof err) != 0) goto out;
+    if ((sig = wait_signal(&sigs, 0)) != 0) goto stop_early;  /* loading took a while */
 
     dol_engine_params ep = {0};
     ep.n_threads = threads;
@@ -181,39 +163,20 @@ int main(int argc, char **argv)
     ep.max_seqs = cfg.max_batch_size + 1;
     ep.max_batch_tokens = cfg.prefill_chunk + cfg.max_batch_size;
     ep.context_len = cfg.context_len;
-    if (strcmp(cfg.weights, "f32") == 0) ep.weights = DOL_WEIGHTS_F32;
-    else if (strcmp(cfg.weights, "f16") == 0) ep.weights = DOL_WEIGHTS_F16;
-    else if (strcmp(cfg.weights, "nf4") == 0) ep.weights = DOL_WEIGHTS_NF4;
-    else ep.weights = DOL_WEIGHTS_AUTO;
+    ep.weights = cfg.weights;
     ep.quantize_lm_head = cfg.quantize_lm_head;
-    ep.backend = strcmp(cfg.backend, "cuda") == 0  ? DOL_BACKEND_CUDA
-                 : strcmp(cfg.backend, "cpu") == 0 ? DOL_BACKEND_CPU
-                                                   : DOL_BACKEND_AUTO;
-    ep.gpu_memory_fraction = 0.90;
-
-    dol_engine *engine = NULL;
-    if (dol_engine_create(model, &ep, &engine, err, sizeof err) != 0) {
-        dol_tokenizer_free(tok);
-        dol_model_free(model);
-        dol_server_stop(srv);
-        return fail(1, err);
-    }
+    ep.backend = cfg.backend;
+    ep.gpu_memory_fraction = cfg.gpu_memory_utilization;
+    if (dol_engine_create(model, &ep, &engine, err, sizeof err) != 0) goto out;
 
     dol_scheduler_params sp = {0};
     sp.max_batch_size = cfg.max_batch_size;
     sp.batch_window_ms = cfg.batch_window_ms;
-    sp.mode = strcmp(cfg.batch_mode, "static") == 0 ? DOL_BATCH_STATIC : DOL_BATCH_CONTINUOUS;
+    sp.mode = cfg.batch_mode;
     sp.max_queue = cfg.max_queue;
     sp.memory_high_watermark = cfg.memory_high_watermark;
     sp.prefill_chunk = cfg.prefill_chunk;
-    dol_scheduler *sched = NULL;
-    if (dol_scheduler_create(engine, tok, &sp, &sched, err, sizeof err) != 0) {
-        dol_engine_free(engine);
-        dol_tokenizer_free(tok);
-        dol_model_free(model);
-        dol_server_stop(srv);
-        return fail(1, err);
-    }
+    if (dol_scheduler_create(engine, tok, &sp, &sched, err, sizeof err) != 0) goto out;
     dol_server_attach(srv, model, tok, sched);
     dol_log(DOL_LOG_INFO, "model_loaded",
             "backend=%s cpu_kernels=%s model=%s layers=%d hidden=%d heads=%d kv_heads=%d vocab=%d ctx=%d "
@@ -228,27 +191,18 @@ int main(int argc, char **argv)
         dol_log(DOL_LOG_INFO, "weights_quantized",
                 "format=%s matrices=%d seconds=%.3f bytes_before=%zu bytes_after=%zu "
                 "linear_bytes=%zu linear_f16_bytes=%zu ratio_vs_f16=%.3f lm_head=%s",
-                cfg.weights, qs.n_quantized, qs.quant_seconds, qs.quant_bytes_before,
-                qs.quant_bytes_after, qs.linear_bytes, qs.linear_f16_bytes,
+                dol_config_choice_name("weights", cfg.weights), qs.n_quantized, qs.quant_seconds,
+                qs.quant_bytes_before, qs.quant_bytes_after, qs.linear_bytes, qs.linear_f16_bytes,
                 qs.linear_f16_bytes ? (double)qs.linear_bytes / (double)qs.linear_f16_bytes : 0.0,
                 cfg.quantize_lm_head ? "nf4" : "kept");
 
-    if ((sig = wait_signal(&sigs, 0)) != 0)
-        return stop_during_startup(sig, srv, sched, engine, tok, model);
+    if ((sig = wait_signal(&sigs, 0)) != 0) goto stop_early;
     dol_server_set_state(srv, DOL_STATE_WARMING);
     if (cfg.warmup) {
         int wrc = warm_up(sched, model, &cfg, dol_engine_context_len(engine), &sigs, &sig, err,
                           sizeof err);
-        if (wrc == 2) return stop_during_startup(sig, srv, sched, engine, tok, model);
-        if (wrc != 0) {
-            dol_server_attach(srv, model, tok, NULL);
-            dol_scheduler_free(sched);
-            dol_server_stop(srv);
-            dol_engine_free(engine);
-            dol_tokenizer_free(tok);
-            dol_model_free(model);
-            return fail(1, err);
-        }
+        if (wrc == 2) goto stop_early;
+        if (wrc != 0) goto out;
     }
     dol_server_set_state(srv, DOL_STATE_READY);
     dol_log(DOL_LOG_INFO, "ready", "port=%d startup_ms=%.0f", dol_server_port(srv), dol_now_ms() - t0);
@@ -258,7 +212,7 @@ int main(int argc, char **argv)
 
     /* Drain: /healthz and new work 503 at once; in-flight requests (streams
      * too) get up to drain_timeout_s to finish; a second signal cuts it short. */
-    double t_drain = dol_now_ms();
+    t_drain = dol_now_ms();
     dol_server_set_state(srv, DOL_STATE_DRAINING);
     dol_scheduler_drain(sched);
     dol_log(DOL_LOG_INFO, "draining", "signal=%s timeout_s=%.1f inflight=%d", signal_name(sig),
@@ -267,21 +221,35 @@ int main(int argc, char **argv)
     int again = 0;
     while (dol_server_inflight(srv) > 0 && dol_now_ms() < deadline)
         if ((again = wait_signal(&sigs, 10)) != 0) break;
-    int left = dol_server_inflight(srv);
+    left = dol_server_inflight(srv);
     if (again)
         dol_log(DOL_LOG_WARN, "drain_cut_short", "signal=%s unfinished_requests=%d",
                 signal_name(again), left);
     else if (left > 0)
         dol_log(DOL_LOG_WARN, "drain_timeout", "timeout_s=%.1f unfinished_requests=%d",
                 cfg.drain_timeout_s, left);
-    dol_server_attach(srv, model, tok, NULL); /* /healthz must not see a freed scheduler */
-    dol_scheduler_free(sched);   /* ends whatever is left with 503 */
-    usleep(50000);               /* let the HTTP thread flush those answers */
-    dol_server_stop(srv);
+    exit_code = 0;
+    goto out;
+
+stop_early:   /* SIGTERM/SIGINT before ready: free what exists, exit 0 */
+    dol_log(DOL_LOG_INFO, "stopping", "signal=%s during=start-up", signal_name(sig));
+    dol_server_set_state(srv, DOL_STATE_DRAINING);
+    exit_code = 0;
+out:   /* the cleanup ladder: whatever exists, in reverse order of making */
+    if (sched) {
+        dol_server_attach(srv, model, tok, NULL); /* /healthz must not see a freed scheduler */
+        dol_scheduler_free(sched);                /* ends whatever is left with 503 */
+        dol_server_wait_idle(srv, 1000);          /* the HTTP thread sends those answers */
+    }
+    dol_server_stop(srv);   /* before the model and tokenizer its handlers read */
     dol_engine_free(engine);
     dol_tokenizer_free(tok);
     dol_model_free(model);
-    dol_log(DOL_LOG_INFO, "stopped", "unfinished_requests=%d drain_ms=%.0f", left,
-            dol_now_ms() - t_drain);
+    if (exit_code != 0) return fail(exit_code, err);
+    if (t_drain > 0)
+        dol_log(DOL_LOG_INFO, "stopped", "unfinished_requests=%d drain_ms=%.0f", left,
+                dol_now_ms() - t_drain);
+    else
+        dol_log(DOL_LOG_INFO, "stopped", "unfinished_requests=0");
     return 0;
 }

@@ -7,6 +7,9 @@
 #define DOLPHIN_CONFIG_H
 
 #include "dolphin/common.h"
+#include "dolphin/engine.h"
+#include "dolphin/log.h"
+#include "dolphin/scheduler.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,8 +47,10 @@ typedef struct {
     char model[1024];            /* model directory; default "" (required) */
     char served_model_name[256]; /* model id in the API; "" = dir basename */
     int threads;                 /* compute threads; 0 = all online cores */
-    char backend[16];            /* auto | cpu | cuda (default auto) */
-    char weights[16];            /* auto | f32 | f16 | nf4 (default auto) */
+    dol_backend_kind backend;    /* auto | cpu | cuda (default auto) */
+    double gpu_memory_utilization; /* CUDA: share of device memory for weights,
+                                    KV cache and workspaces (default 0.90) */
+    dol_weight_format weights;   /* auto | f32 | f16 | nf4 (default auto) */
     bool quantize_lm_head;       /* weights nf4: quantize lm_head too (default true) */
     int context_len;             /* 0 = max_position_embeddings */
     /* default sampling values, used when a request leaves them out */
@@ -56,7 +61,7 @@ typedef struct {
     /* scheduler (SPEC §4) */
     int batch_window_ms;         /* default 50 */
     int max_batch_size;          /* default 8 */
-    char batch_mode[16];         /* continuous | static */
+    dol_batch_mode batch_mode;   /* continuous | static (default continuous) */
     int max_queue;               /* default 256 */
     double request_timeout_s;    /* default 600; 0 = none */
     double memory_high_watermark;/* default 0.80 */
@@ -73,7 +78,7 @@ typedef struct {
     double drain_timeout_s;      /* default 30 */
     double vram_unready_ratio;   /* default 0.90 */
     double vram_unready_after_s; /* default 15 */
-    char log_level[16];          /* debug | info | warn | error */
+    dol_log_level log_level;     /* debug | info | warn | error (default info) */
     bool warmup;                 /* default true */
 } dol_config;
 
@@ -98,6 +103,11 @@ int dol_config_from_args(dol_config *c, int argc, char **argv,
 
 /* Print the flag list (--help) to f (a FILE*). */
 void dol_config_print_help(void *f, const char *argv0);
+
+/* The canonical spelling of value `v` of the choice setting `key`
+ * ("backend", "weights", "batch_mode", "log_level"), as the YAML file and
+ * the flags write it; "?" for an unknown key or value. A static string. */
+const char *dol_config_choice_name(const char *key, int v);
 
 /* Priority for an Authorization bearer key: the configured key's priority,
  * or -1 when keys are configured and `key` is NULL/unknown (401). With no

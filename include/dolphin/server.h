@@ -44,6 +44,10 @@ dol_server_state dol_server_get_state(const dol_server *s);
 int dol_server_port(const dol_server *s);
 /* Requests accepted and not yet answered completely (for draining). */
 int dol_server_inflight(const dol_server *s);
+/* Block the calling thread until no request is in flight or timeout_ms
+ * (monotonic clock) has passed; returns the requests still in flight
+ * (0 = idle). Any thread. */
+int dol_server_wait_idle(dol_server *s, long timeout_ms);
 /* Sample what readiness watches over time (device memory against
  * vram_unready_ratio, for vram_unready_after_s). /healthz samples too;
  * calling this every ~100 ms (dolphind's main thread does) makes "has

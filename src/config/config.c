@@ -20,7 +20,7 @@
 
 typedef enum {
     F_STR,    /* char array; min = minimum length */
-    F_ENUM,   /* char array holding one of `choices` */
+    F_ENUM,   /* an enum member: the index of the value in `choices` */
     F_INT,    /* int */
     F_I64,    /* int64_t */
     F_SIZE,   /* size_t */
@@ -38,7 +38,8 @@ typedef struct {
     double min, max;     /* numeric range, inclusive (max HUGE_VAL = none) */
     bool min_open;       /* the range excludes min: (min, max] */
     bool bytes;          /* integer that accepts size suffixes (KiB, MiB…) */
-    const char *choices; /* F_ENUM: "a|b|c" */
+    const char *const *choices; /* F_ENUM: the spellings, in the order of the
+                                   enum's values, NULL-terminated */
     const char *def;     /* default as text: applied and shown by --help */
     const char *metavar; /* value name shown by --help */
     const char *help;
@@ -47,6 +48,7 @@ typedef struct {
 
 #define AT(m) .off = offsetof(dol_config, m), .size = sizeof(((dol_config *)0)->m)
 #define NONE HUGE_VAL
+#define CHOICES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 static const field FIELDS[] = {
     /* server */
@@ -100,9 +102,12 @@ static const field FIELDS[] = {
       .metavar = "NAME", .help = "model id in the API; empty = the model directory's name" },
     { .name = "threads", .type = F_INT, AT(threads), .min = 0, .max = 1024, .def = "0",
       .metavar = "N", .help = "CPU compute threads; 0 = every online core" },
-    { .name = "backend", .type = F_ENUM, AT(backend), .choices = "auto|cpu|cuda",
+    { .name = "backend", .type = F_ENUM, AT(backend), .choices = CHOICES("auto", "cpu", "cuda"),
       .def = "auto", .help = "compute backend; auto = CUDA when a device is usable" },
-    { .name = "weights", .type = F_ENUM, AT(weights), .choices = "auto|f32|f16|nf4",
+    { .name = "gpu_memory_utilization", .type = F_DOUBLE, AT(gpu_memory_utilization),
+      .min = 0, .max = 1, .min_open = true, .def = "0.90", .metavar = "R",
+      .help = "CUDA: share of device memory for weights, KV cache and workspaces" },
+    { .name = "weights", .type = F_ENUM, AT(weights), .choices = CHOICES("auto", "f32", "f16", "nf4"),
       .def = "auto", .help = "weight format; auto = f16 on CUDA, the checkpoint's own dtype (f32/f16/bf16) on the CPU" },
     { .name = "quantize_lm_head", .type = F_BOOL, AT(quantize_lm_head), .def = "true",
       .help = "with weights nf4, quantize lm_head too (false keeps it in 16/32 bits)" },
@@ -125,7 +130,7 @@ static const field FIELDS[] = {
       .group = "Scheduler" },
     { .name = "max_batch_size", .type = F_INT, AT(max_batch_size), .min = 1, .max = 256,
       .def = "8", .metavar = "N", .help = "most sequences in one batch" },
-    { .name = "batch_mode", .type = F_ENUM, AT(batch_mode), .choices = "continuous|static",
+    { .name = "batch_mode", .type = F_ENUM, AT(batch_mode), .choices = CHOICES("continuous", "static"),
       .def = "continuous", .help = "continuous: join/leave every step; static: run a batch to the end" },
     { .name = "max_queue", .type = F_INT, AT(max_queue), .min = 1, .max = NONE,
       .def = "256", .metavar = "N", .help = "most waiting requests; beyond: 429" },
@@ -165,13 +170,47 @@ static const field FIELDS[] = {
     { .name = "vram_unready_after_s", .type = F_DOUBLE, AT(vram_unready_after_s),
       .min = 0, .max = NONE, .def = "15", .metavar = "S",
       .help = "how long memory use must stay above vram_unready_ratio" },
-    { .name = "log_level", .type = F_ENUM, AT(log_level), .choices = "debug|info|warn|error",
+    { .name = "log_level", .type = F_ENUM, AT(log_level), .choices = CHOICES("debug", "info", "warn", "error"),
       .def = "info", .help = "least severe log level printed" },
     { .name = "warmup", .type = F_BOOL, AT(warmup), .def = "true",
       .help = "run warm-up generations before reporting ready" },
 };
 
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
+
+/* F_ENUM fields hold an int; their `choices` list the enum's values in order. */
+_Static_assert(sizeof(dol_backend_kind) == sizeof(int) && sizeof(dol_weight_format) == sizeof(int) &&
+               sizeof(dol_batch_mode) == sizeof(int) && sizeof(dol_log_level) == sizeof(int),
+               "F_ENUM stores an int");
+_Static_assert(DOL_BACKEND_AUTO == 0 && DOL_BACKEND_CPU == 1 && DOL_BACKEND_CUDA == 2,
+               "backend choices are auto|cpu|cuda");
+_Static_assert(DOL_WEIGHTS_AUTO == 0 && DOL_WEIGHTS_F32 == 1 && DOL_WEIGHTS_F16 == 2 &&
+               DOL_WEIGHTS_NF4 == 3, "weights choices are auto|f32|f16|nf4");
+_Static_assert(DOL_BATCH_CONTINUOUS == 0 && DOL_BATCH_STATIC == 1,
+               "batch_mode choices are continuous|static");
+_Static_assert(DOL_LOG_DEBUG == 0 && DOL_LOG_INFO == 1 && DOL_LOG_WARN == 2 && DOL_LOG_ERROR == 3,
+               "log_level choices are debug|info|warn|error");
+
+const char *dol_config_choice_name(const char *key, int v)
+{
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const field *f = &FIELDS[i];
+        if (f->type != F_ENUM || strcmp(f->name, key) != 0) continue;
+        for (int idx = 0; f->choices[idx]; idx++)
+            if (idx == v) return f->choices[idx];
+    }
+    return "?";
+}
+
+/* "a|b|c": the choices of an F_ENUM field, for messages and --help. */
+static const char *choice_list(const field *f, char *buf, size_t n)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int i = 0; f->choices[i] && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, "%s%s", i ? "|" : "", f->choices[i]);
+    return buf;
+}
 
 #define MAX_PRIORITY INT_MAX
 
@@ -320,18 +359,14 @@ static int set_field(dol_config *c, const field *f, const char *val, char *prob,
         return 0;
     }
     case F_ENUM: {
-        const char *p = f->choices;
-        size_t len = strlen(val);
-        while (*p) {
-            size_t n = strcspn(p, "|");
-            if (n == len && strncasecmp(p, val, n) == 0) {
-                memset(dst, 0, f->size);
-                memcpy(dst, p, n); /* canonical spelling */
+        for (int idx = 0; f->choices[idx]; idx++) {
+            if (strcasecmp(f->choices[idx], val) == 0) {
+                memcpy(dst, &idx, sizeof idx);
                 return 0;
             }
-            p += n + (p[n] == '|');
         }
-        dol_set_err(prob, plen, "not one of %s: %s", f->choices, val);
+        char list[96];
+        dol_set_err(prob, plen, "not one of %s: %s", choice_list(f, list, sizeof list), val);
         return -1;
     }
     case F_INT:
@@ -805,12 +840,13 @@ void dol_config_print_help(void *fp, const char *argv0)
         const field *fd = &FIELDS[i];
         if (fd->group) fprintf(f, "\n%s:\n", fd->group);
 
-        char fbuf[64], left[160];
+        char fbuf[64], left[160], list[96];
         const char *fl = flag_name(fd, fbuf, sizeof fbuf);
         if (fd->type == F_BOOL)
             snprintf(left, sizeof left, "--%s, --no-%s", fl, fl);
         else
-            snprintf(left, sizeof left, "--%s %s", fl, fd->type == F_ENUM ? fd->choices : fd->metavar);
+            snprintf(left, sizeof left, "--%s %s", fl,
+                     fd->type == F_ENUM ? choice_list(fd, list, sizeof list) : fd->metavar);
 
         /* help text, then "[range; default X]" */
         char range[96] = "", tail[160];

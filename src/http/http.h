@@ -23,6 +23,8 @@ struct dol_server {
     int port;
     atomic_int state;            /* dol_server_state */
     atomic_int inflight;         /* submitted requests not yet completed */
+    pthread_mutex_t idle_mu;     /* with idle_cv: dol_server_wait_idle */
+    pthread_cond_t idle_cv;      /* broadcast when inflight drops to 0 */
     bool stopping;               /* guarded by the registry lock */
     int64_t started;             /* unix seconds, for /v1/models "created" */
 
@@ -36,6 +38,9 @@ struct dol_server {
     double mem_above_since_ms;   /* since when, continuously */
     bool mem_unready;            /* above for vram_unready_after_s: /healthz 503 */
 };
+
+/* One submitted request fewer in flight; wakes dol_server_wait_idle at 0. */
+void dol_http_inflight_done(dol_server *s);
 
 /* What the handlers use of the attached objects, read under s->mu. */
 typedef struct {

@@ -753,7 +753,7 @@ void dol_http_completions_cleanup(dol_http_req *c, int *prompt_tokens, int *comp
         if (!done) dol_request_cancel(r);   /* the client went away */
         dol_request_release(r);
     }
-    if (c->n_submitted > 0) atomic_fetch_sub(&c->srv->inflight, 1);
+    if (c->n_submitted > 0) dol_http_inflight_done(c->srv);
     for (int p = 0; c->echo_text && p < c->n_reqs; p++) free(c->echo_text[p]);
     free(c->echo_text);
     free(c->reqs);

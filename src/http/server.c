@@ -566,6 +566,12 @@ int dol_server_start(const dol_config *cfg, dol_server **out, char *err, size_t 
     atomic_init(&s->state, DOL_STATE_LOADING);
     atomic_init(&s->inflight, 0);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->idle_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->idle_cv, &ca);
+    pthread_condattr_destroy(&ca);
 
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG | (ipv6 ? MHD_USE_IPv6 : 0);
@@ -590,6 +596,8 @@ int dol_server_start(const dol_config *cfg, dol_server **out, char *err, size_t 
     }
     if (!s->daemon) {
         close(fd);
+        pthread_cond_destroy(&s->idle_cv);
+        pthread_mutex_destroy(&s->idle_mu);
         pthread_mutex_destroy(&s->mu);
         free(s);
         dol_set_err(err, errlen, "cannot start the HTTP server on %s:%d", cfg->host, cfg->port);
@@ -626,6 +634,32 @@ int dol_server_inflight(const dol_server *s)
     return atomic_load(&((dol_server *)s)->inflight);
 }
 
+void dol_http_inflight_done(dol_server *s)
+{
+    if (atomic_fetch_sub(&s->inflight, 1) != 1) return;
+    pthread_mutex_lock(&s->idle_mu);
+    pthread_cond_broadcast(&s->idle_cv);
+    pthread_mutex_unlock(&s->idle_mu);
+}
+
+int dol_server_wait_idle(dol_server *s, long timeout_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&s->idle_mu);
+    int rc = 0;
+    while (atomic_load(&s->inflight) > 0 && rc == 0)
+        rc = pthread_cond_timedwait(&s->idle_cv, &s->idle_mu, &until);
+    pthread_mutex_unlock(&s->idle_mu);
+    return atomic_load(&s->inflight);
+}
+
 void dol_server_stop(dol_server *s)
 {
     if (!s) return;
@@ -633,6 +667,8 @@ void dol_server_stop(dol_server *s)
      * (their handlers then see `stopping` and close). */
     dol_http_stop_all(s);
     MHD_stop_daemon(s->daemon);
+    pthread_cond_destroy(&s->idle_cv);
+    pthread_mutex_destroy(&s->idle_mu);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

@@ -34,10 +34,11 @@ static void check_config(const dol_config *c)
     FUZZ_CHECK(terminated(c->host, sizeof c->host) && c->host[0]);
     FUZZ_CHECK(terminated(c->model, sizeof c->model));
     FUZZ_CHECK(terminated(c->served_model_name, sizeof c->served_model_name));
-    FUZZ_CHECK(terminated(c->backend, sizeof c->backend));
-    FUZZ_CHECK(terminated(c->weights, sizeof c->weights));
-    FUZZ_CHECK(terminated(c->batch_mode, sizeof c->batch_mode));
-    FUZZ_CHECK(terminated(c->log_level, sizeof c->log_level));
+    FUZZ_CHECK(c->backend >= DOL_BACKEND_AUTO && c->backend <= DOL_BACKEND_CUDA);
+    FUZZ_CHECK(c->weights >= DOL_WEIGHTS_AUTO && c->weights <= DOL_WEIGHTS_NF4);
+    FUZZ_CHECK(c->batch_mode == DOL_BATCH_CONTINUOUS || c->batch_mode == DOL_BATCH_STATIC);
+    FUZZ_CHECK(c->log_level >= DOL_LOG_DEBUG && c->log_level <= DOL_LOG_ERROR);
+    FUZZ_CHECK(c->gpu_memory_utilization > 0 && c->gpu_memory_utilization <= 1);
     FUZZ_CHECK(c->port >= 0 && c->port <= 65535);
     FUZZ_CHECK(c->max_body_bytes >= 1024);
     FUZZ_CHECK(c->max_json_depth >= 1 && c->max_json_depth <= 1000);

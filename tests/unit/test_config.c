@@ -25,7 +25,7 @@ static const char *const KEYS[] = {
     "host", "port", "max_body_bytes", "max_connections", "max_connections_per_ip",
     "connection_timeout_s", "max_json_depth", "max_prompt_tokens", "max_tokens_cap", "max_n",
     "max_stop", "max_stop_len", "max_logit_bias", "model", "served_model_name", "threads",
-    "backend", "weights", "quantize_lm_head", "context_len", "temperature", "top_p", "top_k",
+    "backend", "gpu_memory_utilization", "weights", "quantize_lm_head", "context_len", "temperature", "top_p", "top_k",
     "max_tokens", "batch_window_ms", "max_batch_size", "batch_mode", "max_queue",
     "request_timeout_s", "memory_high_watermark", "kv_cache_tokens",
     "kv_cache_bytes", "kv_block_size", "prefix_caching", "prefill_chunk", "api_keys",
@@ -133,8 +133,9 @@ static void test_defaults(void **state)
     assert_string_equal(c.model, "");
     assert_string_equal(c.served_model_name, "");
     assert_int_equal(c.threads, 0);
-    assert_string_equal(c.backend, "auto");
-    assert_string_equal(c.weights, "auto");
+    assert_int_equal(c.backend, DOL_BACKEND_AUTO);
+    assert_true(c.gpu_memory_utilization == 0.90);
+    assert_int_equal(c.weights, DOL_WEIGHTS_AUTO);
     assert_true(c.quantize_lm_head);
     assert_int_equal(c.context_len, 0);
     assert_true(c.temperature == 1.0f);
@@ -143,7 +144,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.max_tokens, 16);
     assert_int_equal(c.batch_window_ms, 50);
     assert_int_equal(c.max_batch_size, 8);
-    assert_string_equal(c.batch_mode, "continuous");
+    assert_int_equal(c.batch_mode, DOL_BATCH_CONTINUOUS);
     assert_int_equal(c.max_queue, 256);
     assert_true(c.request_timeout_s == 600.0);
     assert_true(c.memory_high_watermark == 0.80);
@@ -156,7 +157,7 @@ static void test_defaults(void **state)
     assert_true(c.drain_timeout_s == 30.0);
     assert_true(c.vram_unready_ratio == 0.90);
     assert_true(c.vram_unready_after_s == 15.0);
-    assert_string_equal(c.log_level, "info");
+    assert_int_equal(c.log_level, DOL_LOG_INFO);
     assert_true(c.warmup);
 }
 
@@ -261,8 +262,10 @@ static void test_yaml_good(void **state)
     assert_string_equal(c.model, "/models/llama 2");
     assert_string_equal(c.served_model_name, "llama-2-7b-chat");
     assert_int_equal(c.threads, 4);
-    assert_string_equal(c.backend, "cuda"); /* canonical spelling */
-    assert_string_equal(c.weights, "nf4");
+    assert_int_equal(c.backend, DOL_BACKEND_CUDA); /* any case */
+    assert_string_equal(dol_config_choice_name("backend", c.backend), "cuda");
+    assert_int_equal(c.weights, DOL_WEIGHTS_NF4);
+    assert_string_equal(dol_config_choice_name("weights", c.weights), "nf4");
     assert_int_equal(c.context_len, 2048);
     assert_true(c.temperature == 0.7f);
     assert_true(c.top_p == 0.9f);
@@ -270,7 +273,7 @@ static void test_yaml_good(void **state)
     assert_int_equal(c.max_tokens, 128);
     assert_int_equal(c.batch_window_ms, 0);
     assert_int_equal(c.max_batch_size, 256);
-    assert_string_equal(c.batch_mode, "static");
+    assert_int_equal(c.batch_mode, DOL_BATCH_STATIC);
     assert_int_equal(c.max_queue, 1);
     assert_true(c.request_timeout_s == 0.0);
     assert_true(c.memory_high_watermark == 1.0);
@@ -289,7 +292,7 @@ static void test_yaml_good(void **state)
     assert_true(c.drain_timeout_s == 5.5);
     assert_true(c.vram_unready_ratio == 0.95);
     assert_true(c.vram_unready_after_s == 0.0);
-    assert_string_equal(c.log_level, "debug");
+    assert_int_equal(c.log_level, DOL_LOG_DEBUG);
     assert_false(c.warmup);
 }
 
@@ -566,8 +569,8 @@ static void test_flags_every_field(void **state)
     assert_string_equal(c.model, "m");
     assert_string_equal(c.served_model_name, "s");
     assert_int_equal(c.threads, 2);
-    assert_string_equal(c.backend, "cpu");
-    assert_string_equal(c.weights, "f16");
+    assert_int_equal(c.backend, DOL_BACKEND_CPU);
+    assert_int_equal(c.weights, DOL_WEIGHTS_F16);
     assert_int_equal(c.context_len, 64);
     assert_true(c.temperature == 0.0f);
     assert_true(c.top_p == 0.5f);
@@ -575,7 +578,7 @@ static void test_flags_every_field(void **state)
     assert_int_equal(c.max_tokens, 9);
     assert_int_equal(c.batch_window_ms, 10);
     assert_int_equal(c.max_batch_size, 4);
-    assert_string_equal(c.batch_mode, "static");
+    assert_int_equal(c.batch_mode, DOL_BATCH_STATIC);
     assert_int_equal(c.max_queue, 5);
     assert_true(c.request_timeout_s == 1.5);
     assert_true(c.memory_high_watermark == 0.5);
@@ -587,7 +590,7 @@ static void test_flags_every_field(void **state)
     assert_true(c.drain_timeout_s == 2.0);
     assert_true(c.vram_unready_ratio == 0.5);
     assert_true(c.vram_unready_after_s == 3.0);
-    assert_string_equal(c.log_level, "warn");
+    assert_int_equal(c.log_level, DOL_LOG_WARN);
     assert_int_equal(c.max_body_bytes, 2048);
 }
 
