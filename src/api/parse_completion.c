@@ -15,8 +15,11 @@
 
 /* ---- typed getters ----------------------------------------------------- */
 
-/* Integral JSON number within [lo, hi] (doubles hold integers exactly up
- * to 2^53, which bounds every range used here). */
+/* The largest integer a JSON number (read as a double) holds exactly: any
+ * bound above it could not be enforced exactly (2^53 + 1 reads as 2^53). */
+#define MAX_SAFE_INT (((int64_t)1 << 53) - 1)
+
+/* Integral JSON number within [lo, hi] (hi at most MAX_SAFE_INT). */
 static int get_int(const cJSON *v, const char *name, int64_t lo, int64_t hi,
                    int64_t *out, dol_api_error *e)
 {
@@ -27,7 +30,7 @@ static int get_int(const cJSON *v, const char *name, int64_t lo, int64_t hi,
     }
     double d = v->valuedouble;
     if (d < (double)lo || d > (double)hi) {
-        if (hi >= ((int64_t)1 << 53))
+        if (hi >= MAX_SAFE_INT)
             dol_api_error_invalid(e, name, "'%s' must be >= %lld (got %.0f).",
                                   name, (long long)lo, d);
         else
@@ -54,7 +57,12 @@ static int get_num(const cJSON *v, const char *name, double lo, bool lo_open,
                               name, lo_open ? ">" : ">=", lo, hi, d);
         return -1;
     }
-    *out = (float)d;
+    /* The value is kept as a float: one just above an open lower bound
+     * (top_p 1e-50) must not round down onto the bound, which means
+     * something else (0 = off); it becomes the closest float above it. */
+    float f = (float)d;
+    if (lo_open && f <= (float)lo) f = nextafterf((float)lo, INFINITY);
+    *out = f;
     return 0;
 }
 
@@ -234,7 +242,7 @@ static int f_max_tokens(const cJSON *v, const dol_api_limits *lim,
                         dol_completion_params *p, dol_api_error *e)
 {
     int64_t x;
-    if (get_int(v, "max_tokens", 0, (int64_t)1 << 53, &x, e)) return -1;
+    if (get_int(v, "max_tokens", 0, MAX_SAFE_INT, &x, e)) return -1;
     if (check_cap(x, "max_tokens", lim, e)) return -1;
     p->max_tokens = x;
     p->max_tokens_given = true;
@@ -339,7 +347,7 @@ static int f_logit_bias(const cJSON *v, const dol_api_limits *lim,
 static int get_choices(const cJSON *v, const char *name, const dol_api_limits *lim,
                        int64_t *x, dol_api_error *e)
 {
-    if (get_int(v, name, 1, (int64_t)1 << 53, x, e)) return -1;
+    if (get_int(v, name, 1, MAX_SAFE_INT, x, e)) return -1;
     int most = max_n_of(lim);
     if (*x > most) {
         dol_api_error_invalid(e, name, "'%s' is %lld; at most %d choices per prompt are "
@@ -434,16 +442,20 @@ static int f_seed(const cJSON *v, const dol_api_limits *lim,
                   dol_completion_params *p, dol_api_error *e)
 {
     (void)lim;
-    /* Any 64-bit integer, signed or not (negative seeds wrap). */
+    /* Any 64-bit integer, signed or not (negative seeds wrap). JSON numbers
+     * arrive as doubles: every integer from 2^64 - 1024 up reads as 2^64,
+     * so 2^64 itself stands for the largest seed, 2^64 - 1, rather than
+     * refusing seeds that do fit. */
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) ||
         v->valuedouble != floor(v->valuedouble) ||
         v->valuedouble < -9223372036854775808.0 ||
-        v->valuedouble >= 18446744073709551616.0) {
+        v->valuedouble > 18446744073709551616.0) {
         dol_api_error_invalid(e, "seed", "'seed' must be an integer that fits in 64 bits.");
         return -1;
     }
     double d = v->valuedouble;
-    p->seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
+    p->seed = d < 0 ? (uint64_t)(int64_t)d
+              : d >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)d;
     p->has_seed = true;
     return 0;
 }
@@ -521,7 +533,7 @@ static int f_max_completion_tokens(const cJSON *v, const dol_api_limits *lim,
                                    dol_completion_params *p, dol_api_error *e)
 {
     int64_t x;
-    if (get_int(v, "max_completion_tokens", 1, (int64_t)1 << 53, &x, e)) return -1;
+    if (get_int(v, "max_completion_tokens", 1, MAX_SAFE_INT, &x, e)) return -1;
     if (check_cap(x, "max_completion_tokens", lim, e)) return -1;
     p->max_tokens = x;   /* wins over the older max_tokens */
     p->max_tokens_given = true;
@@ -732,7 +744,11 @@ static int chat_checks(const cJSON *body, dol_completion_params *p, dol_api_erro
         dol_api_error_invalid(e, "messages", "Missing required parameter 'messages'.");
         return -1;
     }
-    if (p->max_tokens_given && p->max_tokens == 0) {
+    /* max_completion_tokens wins over max_tokens, but a max_tokens of 0 is
+     * refused even then: every field given is checked. */
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(body, "max_tokens");
+    if ((cJSON_IsNumber(mt) && mt->valuedouble == 0) ||
+        (p->max_tokens_given && p->max_tokens == 0)) {
         dol_api_error_invalid(e, "max_tokens", "'max_tokens' must be at least 1.");
         return -1;
     }
