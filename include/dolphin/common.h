@@ -9,9 +9,11 @@
 #ifndef DOLPHIN_COMMON_H
 #define DOLPHIN_COMMON_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <time.h>
 
 #define DOL_ERR_LEN 512
 
@@ -26,6 +28,13 @@ void dol_set_err(char *err, size_t errlen, const char *fmt, ...)
 /* Monotonic clock in milliseconds / nanoseconds (CLOCK_MONOTONIC). */
 double dol_now_ms(void);
 uint64_t dol_now_ns(void);
+
+/* Timed waits on CLOCK_MONOTONIC, so that a change of the wall clock
+ * neither stretches nor cuts them: dol_cond_init makes a condition variable
+ * whose pthread_cond_timedwait deadlines are monotonic, dol_deadline_ms the
+ * deadline `ms` milliseconds from now on that clock. 0 or an errno. */
+int dol_cond_init(pthread_cond_t *cv);
+struct timespec dol_deadline_ms(double ms);
 
 #ifdef __cplusplus
 }

@@ -567,11 +567,7 @@ int dol_server_start(const dol_config *cfg, dol_server **out, char *err, size_t 
     atomic_init(&s->inflight, 0);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->idle_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->idle_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    dol_cond_init(&s->idle_cv);
 
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME |
                      MHD_USE_ERROR_LOG | (ipv6 ? MHD_USE_IPv6 : 0);
@@ -644,14 +640,7 @@ void dol_http_inflight_done(dol_server *s)
 
 int dol_server_wait_idle(dol_server *s, long timeout_ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = dol_deadline_ms((double)timeout_ms);
     pthread_mutex_lock(&s->idle_mu);
     int rc = 0;
     while (atomic_load(&s->inflight) > 0 && rc == 0)

@@ -749,13 +749,8 @@ static void update_stats(dol_scheduler *s)
 
 static void timed_wait_ms(dol_scheduler *s, double ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    long long ns = (long long)(ms * 1e6);
-    ts.tv_sec += ns / 1000000000LL;
-    ts.tv_nsec += ns % 1000000000LL;
-    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    struct timespec until = dol_deadline_ms(ms);
+    pthread_cond_timedwait(&s->cv, &s->mu, &until);
 }
 
 static void *scheduler_main(void *arg)
@@ -844,7 +839,7 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
         return -1;
     }
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    dol_cond_init(&s->cv);
     s->st.last_step_ms = dol_now_ms();
     s->st.last_progress_ms = s->st.last_step_ms;
     s->st.idle = true;
