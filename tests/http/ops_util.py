@@ -6,7 +6,6 @@ PromQL expressions, promtool, and small HTTP/SSE readers.
 nginx and promtool come from Debian (nginx-light, prometheus; installed by
 scripts/setup.sh); tests that need one skip with a message when it is
 missing."""
-import json
 import os
 import re
 import shutil
@@ -21,16 +20,12 @@ from pathlib import Path
 import pytest
 import requests
 
+from dolphin_server import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 PROMTOOL = shutil.which("promtool")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def need_nginx():
@@ -272,22 +267,6 @@ def grafana_queries(dashboard):
 
 
 # ---- SSE -----------------------------------------------------------------------------
-
-def sse_events(raw):
-    """Parse SSE bytes: (JSON events, saw [DONE])."""
-    text = raw.decode("utf-8")
-    events, done = [], False
-    for block in text.split("\n\n"):
-        if not block.strip():
-            continue
-        assert block.startswith("data: "), f"bad SSE block {block!r}"
-        payload = block[len("data: "):]
-        if payload == "[DONE]":
-            done = True
-        else:
-            events.append(json.loads(payload))
-    return events, done
-
 
 def timed_stream(url, body, headers=None, timeout=120):
     """POST a streaming completion; return (status, headers, [(t, bytes)])

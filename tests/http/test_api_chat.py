@@ -8,7 +8,7 @@ import math
 import pytest
 import requests
 
-from conftest import assert_error_shape, golden, read_sse
+from dolphin_server import check_error, golden, parse_sse
 
 BOS, EOS = 1, 2
 
@@ -22,7 +22,7 @@ def chat_stream(srv, body):
                        stream=True, timeout=120) as r:
         assert r.status_code == 200, r.text
         assert r.headers["Content-Type"].startswith("text/event-stream")
-        events, done = read_sse(r)
+        events, done = parse_sse(r)
     assert done
     return events
 
@@ -128,9 +128,9 @@ BAD_MESSAGES = [
 @pytest.mark.parametrize("name,messages", BAD_MESSAGES, ids=[b[0] for b in BAD_MESSAGES])
 def test_chat_role_order_refused(server, name, messages):
     for path in ("/v1/chat/completions", "/tokenize"):
-        assert_error_shape(server.post(path, {"messages": messages}), 400, param="messages")
+        check_error(server.post(path, {"messages": messages}), 400, param="messages")
     # also for a stream: the error comes before any header
-    assert_error_shape(chat(server, {"messages": messages, "stream": True}), 400,
+    check_error(chat(server, {"messages": messages, "stream": True}), 400,
                        param="messages")
 
 
@@ -145,7 +145,7 @@ def test_chat_role_order_refused(server, name, messages):
      "messages[0].content"),
 ])
 def test_chat_message_shape_refused(server, messages, param):
-    assert_error_shape(chat(server, {"messages": messages}), 400, param=param)
+    check_error(chat(server, {"messages": messages}), 400, param=param)
 
 
 def test_chat_content_parts_and_null_assistant(tiny_server):
@@ -253,9 +253,9 @@ def test_chat_max_completion_tokens(server):
         r = chat(server, {"messages": msgs, field: 5, "ignore_eos": True}).json()
         assert r["usage"]["completion_tokens"] == 5
         assert r["choices"][0]["finish_reason"] == "length"
-    assert_error_shape(chat(server, {"messages": msgs, "max_tokens": 0}), 400,
+    check_error(chat(server, {"messages": msgs, "max_tokens": 0}), 400,
                        param="max_tokens")
-    assert_error_shape(chat(server, {"messages": msgs, "max_completion_tokens": 0}), 400,
+    check_error(chat(server, {"messages": msgs, "max_completion_tokens": 0}), 400,
                        param="max_completion_tokens")
 
 
@@ -283,9 +283,9 @@ def test_chat_logprobs(server):
     toks = [t for ev in events for c in ev["choices"] if c["logprobs"]
             for t in c["logprobs"]["content"]]
     assert toks == content
-    assert_error_shape(chat(server, dict(body, top_logprobs=6)), 400, param="top_logprobs")
-    assert_error_shape(chat(server, dict(body, logprobs=False)), 400, param="top_logprobs")
-    assert_error_shape(chat(server, dict(body, logprobs=1)), 400, param="logprobs")
+    check_error(chat(server, dict(body, top_logprobs=6)), 400, param="top_logprobs")
+    check_error(chat(server, dict(body, logprobs=False)), 400, param="top_logprobs")
+    check_error(chat(server, dict(body, logprobs=1)), 400, param="logprobs")
 
 
 def test_chat_stop(server):
@@ -313,7 +313,7 @@ def test_chat_stop(server):
 ])
 def test_chat_unsupported_or_invalid_fields(server, extra, param):
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, **extra}
-    assert_error_shape(chat(server, body), 400, param=param)
+    check_error(chat(server, body), 400, param=param)
 
 
 def test_chat_harmless_fields_accepted(server):
@@ -325,28 +325,28 @@ def test_chat_harmless_fields_accepted(server):
 
 def test_chat_unknown_model_and_context(server):
     msgs = [{"role": "user", "content": "x"}]
-    assert_error_shape(chat(server, {"messages": msgs, "model": "gpt-4"}), 404,
+    check_error(chat(server, {"messages": msgs, "model": "gpt-4"}), 404,
                        param="model", code="model_not_found")
     long = [{"role": "user", "content": "Once upon a time " * 200}]
-    assert_error_shape(chat(server, {"messages": long}), 400,
+    check_error(chat(server, {"messages": long}), 400,
                        code="context_length_exceeded")
-    assert_error_shape(chat(server, {"messages": msgs, "max_tokens": 600}), 400,
+    check_error(chat(server, {"messages": msgs, "max_tokens": 600}), 400,
                        code="context_length_exceeded")
 
 
 def test_chat_method_and_media_type(server):
     r = requests.get(server.url + "/v1/chat/completions", timeout=10)
-    assert_error_shape(r, 405)
+    check_error(r, 405)
     assert r.headers["Allow"] == "POST"
     r = requests.post(server.url + "/v1/chat/completions", data=json.dumps(
         {"messages": [{"role": "user", "content": "x"}]}),
         headers={"Content-Type": "text/plain"}, timeout=10)
-    assert_error_shape(r, 415)
+    check_error(r, 415)
 
 
 def test_chat_needs_api_key(auth_server):
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
-    assert_error_shape(chat(auth_server, body), 401)
-    from conftest import API_KEY
+    check_error(chat(auth_server, body), 401)
+    from dolphin_server import API_KEY
     r = chat(auth_server, body, headers={"Authorization": f"Bearer {API_KEY}"})
     assert r.status_code == 200, r.text

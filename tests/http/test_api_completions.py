@@ -7,14 +7,14 @@ import math
 import pytest
 import requests
 
-from conftest import assert_error_shape, read_sse, stream_text
+from dolphin_server import check_error, parse_sse, stream_texts
 
 
 def stream(srv, body):
     with requests.post(srv.url + "/v1/completions", json=dict(body, stream=True),
                        stream=True, timeout=120) as r:
         assert r.status_code == 200, r.text
-        events, done = read_sse(r)
+        events, done = parse_sse(r)
     assert done
     return events
 
@@ -37,7 +37,7 @@ def test_choices_indexed_across_prompts_and_n(server):
             solo = server.complete({"prompt": prompt, "max_tokens": 12, "temperature": 1.0,
                                     "seed": 40 + p * 2 + i}).json()["choices"][0]["text"]
             assert got[p * 2 + i] == solo, (p, i)
-    assert stream_text(stream(server, body), 6) == got
+    assert stream_texts(stream(server, body), 6) == got
     # the same with token-id prompts
     ids = [server.post("/tokenize", {"prompt": t}).json()["tokens"] for t in prompts]
     assert texts(server.complete(dict(body, prompt=ids))) == got
@@ -52,7 +52,7 @@ def test_n3_sampled(server):
     assert all(c["finish_reason"] in ("stop", "length") for c in r["choices"])
     events = stream(server, body)
     assert {ch["index"] for ev in events for ch in ev["choices"]} == {0, 1, 2}
-    assert stream_text(events, 3) == [c["text"] for c in r["choices"]]
+    assert stream_texts(events, 3) == [c["text"] for c in r["choices"]]
 
 
 def test_same_seed_same_text(server):
@@ -60,7 +60,7 @@ def test_same_seed_same_text(server):
             "seed": 2024}
     a = texts(server.complete(body))
     assert texts(server.complete(body)) == a
-    assert stream_text(stream(server, body)) == a
+    assert stream_texts(stream(server, body)) == a
 
 
 def _tokens_with_text(srv, prompt, max_tokens):
@@ -93,7 +93,7 @@ def test_stop_strings_spanning_tokens(server):
         # streaming: pieces add up to exactly the cut text, so no part of the
         # stop string was ever sent
         events = stream(server, body)
-        assert stream_text(events) == [full[:cut]]
+        assert stream_texts(events) == [full[:cut]]
         finishes = [c["finish_reason"] for ev in events for c in ev["choices"]
                     if c["finish_reason"]]
         assert finishes == ["stop"]
@@ -101,10 +101,10 @@ def test_stop_strings_spanning_tokens(server):
 
 def test_stop_validation(server):
     base = {"prompt": "x", "max_tokens": 2}
-    assert_error_shape(server.complete(dict(base, stop=["a", "b", "c", "d", "e"])), 400,
+    check_error(server.complete(dict(base, stop=["a", "b", "c", "d", "e"])), 400,
                        param="stop")
-    assert_error_shape(server.complete(dict(base, stop="")), 400, param="stop")
-    assert_error_shape(server.complete(dict(base, stop=[1])), 400, param="stop")
+    check_error(server.complete(dict(base, stop="")), 400, param="stop")
+    check_error(server.complete(dict(base, stop=[1])), 400, param="stop")
     long = "a very long stop string " * 20
     assert server.complete(dict(base, stop=[long])).status_code == 200
 
@@ -134,7 +134,7 @@ def test_logprobs_format(server, k):
 
 def test_logprobs_out_of_range(server):
     for bad in (6, -1, 2.5, True):
-        assert_error_shape(server.complete({"prompt": "x", "logprobs": bad}), 400,
+        check_error(server.complete({"prompt": "x", "logprobs": bad}), 400,
                            param="logprobs")
 
 
@@ -188,7 +188,7 @@ def test_echo_logprobs_streamed_and_max_tokens_zero(server):
         assert toks == whole["choices"][idx]["logprobs"]["tokens"]
         assert lps[0] is None
         assert lps == whole["choices"][idx]["logprobs"]["token_logprobs"]
-    assert stream_text(events, 2) == [c["text"] for c in whole["choices"]]
+    assert stream_texts(events, 2) == [c["text"] for c in whole["choices"]]
     zero = server.complete(dict(body, max_tokens=0, n=1)).json()["choices"][0]
     assert zero["text"] == body["prompt"]
     assert zero["logprobs"]["token_logprobs"][0] is None
@@ -291,9 +291,9 @@ def test_sampling_knobs_take_effect(server):
     ({"best_of": 0}, "best_of"),
 ])
 def test_refused_fields(server, body, param):
-    assert_error_shape(server.complete({"prompt": "x", "max_tokens": 2, **body}), 400,
+    check_error(server.complete({"prompt": "x", "max_tokens": 2, **body}), 400,
                        param=param)
-    assert_error_shape(server.complete({"prompt": "x", "max_tokens": 2, "stream": True,
+    check_error(server.complete({"prompt": "x", "max_tokens": 2, "stream": True,
                                         **body}), 400, param=param)
 
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO, start_server, stop_server
+from dolphin_server import REPO, Dolphind
 
 DOC = REPO / "docs" / "api.md"
 DOC_BASE = "http://localhost:8080"
@@ -29,9 +29,9 @@ def examples():
 
 @pytest.fixture(scope="module")
 def docs_server():
-    srv = start_server("tiny-llama2", ["--served-model-name", "llama-2-7b-chat"])
+    srv = Dolphind("tiny-llama2", ["--served-model-name", "llama-2-7b-chat"])
     yield srv
-    stop_server(srv)
+    srv.stop()
 
 
 def test_every_endpoint_has_an_example():

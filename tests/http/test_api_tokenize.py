@@ -3,7 +3,7 @@ names accepted too) and GET /v1/models/{id}: the real Llama-2 tokenizer's
 golden ids, round trips, and errors."""
 import requests
 
-from conftest import API_KEY, assert_error_shape, golden
+from dolphin_server import API_KEY, check_error, golden
 
 
 def test_tokenize_golden_llama2(tiny_server):
@@ -60,44 +60,44 @@ def test_detokenize_specials_and_empty(tiny_server):
 
 
 def test_tokenize_errors(server):
-    assert_error_shape(server.post("/tokenize", {}), 400, param="prompt")
-    assert_error_shape(server.post("/tokenize", {"prompt": 5}), 400, param="prompt")
-    assert_error_shape(server.post("/tokenize", {"prompt": ["a"]}), 400, param="prompt")
-    assert_error_shape(server.post("/tokenize", {"prompt": "a", "messages": []}), 400,
+    check_error(server.post("/tokenize", {}), 400, param="prompt")
+    check_error(server.post("/tokenize", {"prompt": 5}), 400, param="prompt")
+    check_error(server.post("/tokenize", {"prompt": ["a"]}), 400, param="prompt")
+    check_error(server.post("/tokenize", {"prompt": "a", "messages": []}), 400,
                        param="messages")
-    assert_error_shape(server.post("/tokenize", {"prompt": "a", "add_special_tokens": 1}), 400,
+    check_error(server.post("/tokenize", {"prompt": "a", "add_special_tokens": 1}), 400,
                        param="add_special_tokens")
-    assert_error_shape(server.post("/tokenize", {"content": "a", "add_special": "yes"}), 400,
+    check_error(server.post("/tokenize", {"content": "a", "add_special": "yes"}), 400,
                        param="add_special")
-    assert_error_shape(server.post("/tokenize", {"content": 5}), 400, param="content")
-    assert_error_shape(server.post("/tokenize", {"prompt": "a", "content": "a"}), 400,
+    check_error(server.post("/tokenize", {"content": 5}), 400, param="content")
+    check_error(server.post("/tokenize", {"prompt": "a", "content": "a"}), 400,
                        param="content")
-    assert_error_shape(server.post("/tokenize", {"content": "a", "messages": []}), 400,
+    check_error(server.post("/tokenize", {"content": "a", "messages": []}), 400,
                        param="messages")
-    assert_error_shape(server.post("/tokenize", {"prompt": "a", "model": "nope"}), 404,
+    check_error(server.post("/tokenize", {"prompt": "a", "model": "nope"}), 404,
                        param="model", code="model_not_found")
-    assert_error_shape(server.post("/tokenize", [1, 2]), 400)
+    check_error(server.post("/tokenize", [1, 2]), 400)
     r = requests.post(server.url + "/tokenize", data=b'{"prompt": "a"', timeout=10,
                       headers={"Content-Type": "application/json"})
-    assert_error_shape(r, 400)
+    check_error(r, 400)
     r = requests.get(server.url + "/tokenize", timeout=10)
-    assert_error_shape(r, 405)
+    check_error(r, 405)
     assert r.headers["Allow"] == "POST"
 
 
 def test_detokenize_errors(server):
-    assert_error_shape(server.post("/detokenize", {}), 400, param="tokens")
-    assert_error_shape(server.post("/detokenize", {"tokens": "1 2"}), 400, param="tokens")
+    check_error(server.post("/detokenize", {}), 400, param="tokens")
+    check_error(server.post("/detokenize", {"tokens": "1 2"}), 400, param="tokens")
     for bad in ([512], [-1], [1.5], ["1"], [None], [2 ** 40]):
-        assert_error_shape(server.post("/detokenize", {"tokens": bad}), 400, param="tokens")
-    assert_error_shape(server.post("/detokenize", {"tokens": [1], "model": "x"}), 404,
+        check_error(server.post("/detokenize", {"tokens": bad}), 400, param="tokens")
+    check_error(server.post("/detokenize", {"tokens": [1], "model": "x"}), 404,
                        param="model")
-    assert_error_shape(requests.put(server.url + "/detokenize", timeout=10), 405)
+    check_error(requests.put(server.url + "/detokenize", timeout=10), 405)
 
 
 def test_tokenizer_routes_need_api_key(auth_server):
     for path, body in (("/tokenize", {"prompt": "a"}), ("/detokenize", {"tokens": [1]})):
-        assert_error_shape(auth_server.post(path, body), 401)
+        check_error(auth_server.post(path, body), 401)
         r = auth_server.post(path, body, headers={"Authorization": f"Bearer {API_KEY}"})
         assert r.status_code == 200, r.text
 
@@ -110,13 +110,13 @@ def test_model_by_id(server):
     assert isinstance(m["created"], int) and m["owned_by"]
     listed = requests.get(server.url + "/v1/models", timeout=10).json()["data"]
     assert listed == [m]
-    assert_error_shape(requests.get(server.url + "/v1/models/gpt-4", timeout=10), 404,
+    check_error(requests.get(server.url + "/v1/models/gpt-4", timeout=10), 404,
                        param="model", code="model_not_found")
-    assert_error_shape(requests.post(server.url + "/v1/models/stories260K", timeout=10), 405)
+    check_error(requests.post(server.url + "/v1/models/stories260K", timeout=10), 405)
 
 
 def test_model_by_id_needs_api_key(auth_server):
-    assert_error_shape(requests.get(auth_server.url + "/v1/models/stories260K", timeout=10),
+    check_error(requests.get(auth_server.url + "/v1/models/stories260K", timeout=10),
                        401)
     r = requests.get(auth_server.url + "/v1/models/stories260K", timeout=10,
                      headers={"Authorization": f"Bearer {API_KEY}"})

@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from conftest import read_sse, stream_text
+from dolphin_server import parse_sse, stream_texts
 
 PROMPTS = ["", "Once upon a time", "Lily and Tom went to the park.", "The cat",
            "Tom had a big red", "One day, a little dog", "The sun was", "Sara and Ben"]
@@ -15,12 +15,12 @@ def _run(server, body):
         with requests.post(server.url + "/v1/completions", json=body, stream=True,
                            timeout=120) as r:
             assert r.status_code == 200, r.text
-            events, done = read_sse(r)
+            events, done = parse_sse(r)
             assert done
             prompts = body["prompt"]
             n_prompts = len(prompts) if isinstance(prompts, list) and prompts and \
                 isinstance(prompts[0], (str, list)) else 1
-            return stream_text(events, n_prompts * body.get("n", 1))
+            return stream_texts(events, n_prompts * body.get("n", 1))
     r = server.complete(body)
     assert r.status_code == 200, r.text
     return [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]

@@ -1,14 +1,13 @@
 """Malformed and invalid requests: each gets the right 4xx with OpenAI's
 error shape ({"error":{"message","type","param","code"}}), and the server
 keeps answering valid requests afterwards."""
-import json
 import socket
 
 import pytest
 import requests
 import yaml
 
-from conftest import API_KEY, REPO, assert_error_shape
+from dolphin_server import API_KEY, REPO, check_error, raw_exchange
 
 JSON = {"Content-Type": "application/json"}
 
@@ -124,14 +123,14 @@ FIELD_CASES = [
                          [pytest.param(b, s, p, c, id=i) for i, b, s, p, c in RAW_BODIES])
 def test_raw_body(server, body, status, param, code):
     r = requests.post(server.url + "/v1/completions", data=body, headers=JSON, timeout=30)
-    assert_error_shape(r, status, param, code)
+    check_error(r, status, param, code)
 
 
 @pytest.mark.parametrize("body,param,status,code",
                          [pytest.param(b, p, s, c, id=i) for i, b, p, s, c in FIELD_CASES])
 def test_field(server, body, param, status, code):
     r = server.complete(body, timeout=30)
-    err = assert_error_shape(r, status, param, code)
+    err = check_error(r, status, param, code)
     if status == 400:
         assert err["type"] == "invalid_request_error"
 
@@ -146,13 +145,13 @@ def test_stream_validated_before_headers(server, body, param):
     """A streaming request with bad parameters gets a JSON 4xx, not a 200
     followed by an error event."""
     r = server.complete(body, timeout=30)
-    assert_error_shape(r, 400, param)
+    check_error(r, 400, param)
     assert not r.headers["Content-Type"].startswith("text/event-stream")
 
 
 def test_context_length_message_names_numbers(server):
     r = server.complete({"prompt": "Once upon a time", "max_tokens": 600})
-    err = assert_error_shape(r, 400, "max_tokens", "context_length_exceeded")
+    err = check_error(r, 400, "max_tokens", "context_length_exceeded")
     for n in ("512", "600", "605", "5"):
         assert n in err["message"], err["message"]
 
@@ -162,7 +161,7 @@ def test_context_length_message_names_numbers(server):
 def test_wrong_content_type(server, ctype):
     r = requests.post(server.url + "/v1/completions", data=b'{"prompt":"a","max_tokens":1}',
                       headers={"Content-Type": ctype}, timeout=30)
-    assert_error_shape(r, 415)
+    check_error(r, 415)
 
 
 @pytest.mark.parametrize("ctype", [None, "application/json; charset=utf-8",
@@ -185,7 +184,7 @@ def test_accepted_content_types(server, ctype):
 ])
 def test_wrong_method(server, method, path, allow):
     r = requests.request(method, server.url + path, json={}, timeout=30)
-    assert_error_shape(r, 405)
+    check_error(r, 405)
     assert allow in r.headers.get("Allow", "")
 
 
@@ -200,32 +199,25 @@ def test_wrong_method(server, method, path, allow):
 ])
 def test_unknown_route(server, method, path):
     r = requests.request(method, server.url + path, timeout=30)
-    assert_error_shape(r, 404)
+    check_error(r, 404)
 
 
 def test_unknown_model_route(server):
     r = requests.get(server.url + "/v1/models/not-a-model", timeout=30)
-    assert_error_shape(r, 404, "model", "model_not_found")
+    check_error(r, 404, "model", "model_not_found")
 
 
 def test_body_too_large(server):
     body = b'{"prompt": "' + b"a" * (1200 * 1024) + b'"}'
     r = requests.post(server.url + "/v1/completions", data=body, headers=JSON, timeout=60)
-    assert_error_shape(r, 413)
+    check_error(r, 413)
 
 
 def test_body_too_large_with_expect_continue(server):
     """With Expect: 100-continue the 413 comes before any of the body is sent."""
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                  b"Content-Type: application/json\r\nContent-Length: 50000000\r\n"
-                  b"Expect: 100-continue\r\n\r\n")
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            data += chunk
+    data = raw_exchange(server.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                        b"Content-Type: application/json\r\nContent-Length: 50000000\r\n"
+                        b"Expect: 100-continue\r\n\r\n", head_only=True, timeout=30)
     assert data.startswith(b"HTTP/1.1 413"), data[:200]
 
 
@@ -236,7 +228,7 @@ def test_huge_chunked_body(server):
             yield b"a" * 65536
         yield b'"}'
     r = requests.post(server.url + "/v1/completions", data=gen(), headers=JSON, timeout=60)
-    assert_error_shape(r, 413)
+    check_error(r, 413)
 
 
 def test_unknown_fields_ignored(server):
@@ -292,10 +284,10 @@ def test_garbage_on_the_socket(server):
 def test_bad_api_key(auth_server, headers):
     r = requests.post(auth_server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1},
                       headers=headers, timeout=30)
-    err = assert_error_shape(r, 401, None, "invalid_api_key")
+    err = check_error(r, 401, None, "invalid_api_key")
     assert err["type"] == "invalid_request_error"
     r = requests.get(auth_server.url + "/v1/models", headers=headers, timeout=30)
-    assert_error_shape(r, 401, None, "invalid_api_key")
+    check_error(r, 401, None, "invalid_api_key")
 
 
 def test_good_api_key(auth_server):
@@ -337,24 +329,10 @@ def test_fuzzed_bodies_never_5xx(server):
                           timeout=60)
             assert r.status_code < 500, (bytes(body), r.status_code, r.text[:300])
             if r.status_code >= 400:
-                assert_error_shape(r, r.status_code)
+                check_error(r, r.status_code)
             else:
                 r.content  # drain (may be a stream)
     assert requests.get(server.url + "/healthz", timeout=30).status_code == 200
-
-
-def raw_exchange(server, data):
-    """Send raw bytes on a fresh connection; return everything the server
-    sends until it closes (or 10 s pass)."""
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(data)
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except (socket.timeout, ConnectionResetError):
-            pass
-    return out
 
 
 def split_answer(raw):
@@ -371,10 +349,10 @@ def test_request_line_and_headers_over_dolphins_limits(server, case):
     JSON 431, both in OpenAI's shape with X-Request-Id, from Dolphin itself."""
     if case == "target":
         r = requests.get(server.url + "/v1/models?pad=" + "a" * 9000, timeout=30)
-        err = assert_error_shape(r, 414, code="uri_too_long")
+        err = check_error(r, 414, code="uri_too_long")
     else:
         r = requests.get(server.url + "/v1/models", headers={"X-Pad": "a" * 40000}, timeout=30)
-        err = assert_error_shape(r, 431, code="request_header_fields_too_large")
+        err = check_error(r, 431, code="request_header_fields_too_large")
     assert err["type"] == "invalid_request_error"
     assert r.headers["Connection"].lower() == "close"
     # just under the limits the request is served
@@ -403,7 +381,7 @@ MHD_ANSWERS = [
 def test_libmicrohttpd_answers_are_the_documented_exception(server, data, status):
     """The one exception to JSON errors, documented in docs/openapi.yaml: the
     status is right, the connection is closed, the server keeps serving."""
-    got, headers, body = split_answer(raw_exchange(server, data))
+    got, headers, body = split_answer(raw_exchange(server.port, data))
     assert got == status
     assert headers.get("connection", "").lower() == "close"
     assert body.startswith(b"<html>")

@@ -6,14 +6,14 @@ import math
 import pytest
 import requests
 
-from conftest import read_sse, stream_text
+from dolphin_server import parse_sse, stream_texts
 
 
 def _stream(server, body):
     with requests.post(server.url + "/v1/completions", json=dict(body, stream=True),
                        stream=True, timeout=120) as r:
         assert r.status_code == 200, r.text
-        events, done = read_sse(r)
+        events, done = parse_sse(r)
     assert done
     return events
 
@@ -37,7 +37,7 @@ def test_n_choices_sampled_differ_and_stream(server):
     texts = [c["text"] for c in whole["choices"]]
     assert len(set(texts)) > 1, texts
     events = _stream(server, body)
-    assert stream_text(events, 4) == texts
+    assert stream_texts(events, 4) == texts
     finishes = {ch["index"]: ch["finish_reason"] for ev in events for ch in ev["choices"]
                 if ch["finish_reason"]}
     assert finishes == {c["index"]: c["finish_reason"] for c in whole["choices"]}
@@ -57,7 +57,7 @@ def test_multiple_prompts(server, stories_golden):
         assert c["greedy_text"].startswith(solo)
     assert r.json()["usage"]["prompt_tokens"] == sum(len(c["prompt_ids"]) for c in cases)
     events = _stream(server, body)
-    assert stream_text(events, 6) == [c["text"] for c in choices]
+    assert stream_texts(events, 6) == [c["text"] for c in choices]
 
 
 def test_multiple_token_prompts(server, stories_golden):
@@ -83,7 +83,7 @@ def test_stop_strings(server, stories_golden, stop):
     assert ch["text"] == full[:cut]
     assert ch["finish_reason"] == "stop"
     events = _stream(server, body)
-    assert stream_text(events) == [full[:cut]]
+    assert stream_texts(events) == [full[:cut]]
     for ev in events:
         for c in ev["choices"]:
             assert not any(s in c["text"] for s in stops)
@@ -95,7 +95,7 @@ def test_echo(server, stories_golden):
     plain = server.complete(body).json()["choices"][0]["text"]
     echoed = server.complete(dict(body, echo=True)).json()["choices"][0]["text"]
     assert echoed == case["prompt"] + plain
-    assert stream_text(_stream(server, dict(body, echo=True))) == [echoed]
+    assert stream_texts(_stream(server, dict(body, echo=True))) == [echoed]
 
 
 def test_echo_max_tokens_zero(server):

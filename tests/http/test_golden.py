@@ -7,7 +7,7 @@ import json
 import pytest
 import requests
 
-from conftest import SHARED, read_sse, stream_text
+from dolphin_server import SHARED, parse_sse, stream_texts
 
 SMALL_MARGIN = 1e-3
 
@@ -55,7 +55,7 @@ def test_stories_greedy_stream(server, stories_golden, i):
                              "temperature": 0, "stream": True}) as r:
         assert r.status_code == 200, r.text
         assert r.headers["Content-Type"].startswith("text/event-stream")
-        events, done = read_sse(r)
+        events, done = parse_sse(r)
     assert done, "stream did not end with [DONE]"
     assert events
     ids = {ev["id"] for ev in events}
@@ -64,7 +64,7 @@ def test_stories_greedy_stream(server, stories_golden, i):
         assert ev["object"] == "text_completion"
         assert ev["model"] == "stories260K"
         assert "usage" not in ev
-    assert stream_text(events) == [case["greedy_text"]]
+    assert stream_texts(events) == [case["greedy_text"]]
     finishes = [ch["finish_reason"] for ev in events for ch in ev["choices"]
                 if ch["finish_reason"] is not None]
     assert finishes == [_finish(case, case["max_tokens"])]
@@ -122,9 +122,9 @@ def test_tiny_llama2_stream_matches(tiny_server, tiny_golden, i):
     with requests.post(tiny_server.url + "/v1/completions", stream=True, timeout=120,
                        json=dict(body, stream=True)) as r:
         assert r.status_code == 200
-        events, done = read_sse(r)
+        events, done = parse_sse(r)
     assert done
-    assert stream_text(events) == [whole]
+    assert stream_texts(events) == [whole]
     for ev in events:
         for ch in ev["choices"]:
             assert "\ufffd" not in ch["text"] or "\ufffd" in whole

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from conftest import assert_error_shape, read_sse, start_server, stop_server
+from dolphin_server import check_error, parse_sse, Dolphind
 
 # tiny-llama2 (32000-token vocabulary, 1024 positions) takes 0.3-2 ms a
 # token in a release build and ten times that with sanitizers: 1000 tokens
@@ -20,10 +20,10 @@ LONG = {"prompt": "", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def tight_server():
-    srv = start_server("tiny-llama2", ["--max-queue", "1", "--max-batch-size", "1",
+    srv = Dolphind("tiny-llama2", ["--max-queue", "1", "--max-batch-size", "1",
                                        "--batch-window-ms", "0", "--request-timeout-s", "0.1"])
     yield srv
-    stop_server(srv)
+    srv.stop()
 
 
 def test_queue_full_is_429(tight_server):
@@ -34,7 +34,7 @@ def test_queue_full_is_429(tight_server):
     full = [r for r in rs if r.status_code == 429]
     assert full, [r.status_code for r in rs]
     for r in full:
-        err = assert_error_shape(r, 429)
+        err = check_error(r, 429)
         assert err["type"] == "rate_limit_exceeded"
         assert r.headers["Retry-After"] == "1"
     assert all(r.status_code in (429, 504, 200) for r in rs), [r.status_code for r in rs]
@@ -42,7 +42,7 @@ def test_queue_full_is_429(tight_server):
 
 def test_timeout_non_streaming(tight_server):
     r = requests.post(tight_server.url + "/v1/completions", json=LONG, timeout=60)
-    err = assert_error_shape(r, 504)
+    err = check_error(r, 504)
     assert err["type"] == "timeout_error"
 
 
@@ -50,7 +50,7 @@ def test_timeout_streaming_after_first_token(tight_server):
     with requests.post(tight_server.url + "/v1/completions", json=dict(LONG, stream=True),
                        stream=True, timeout=60) as r:
         assert r.status_code == 200
-        events, done = read_sse(r)
+        events, done = parse_sse(r)
     assert done
     assert any(ev.get("choices") and ev["choices"][0]["text"] for ev in events)
     last = events[-1]

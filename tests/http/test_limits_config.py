@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from conftest import BIN, assert_error_shape, start_server, stop_server
+from dolphin_server import BIN, check_error, Dolphind
 
 # Flags of the lowered server, and its values.
 LOW = ["--max-json-depth", "8", "--max-prompt-tokens", "100", "--max-tokens-cap", "20",
@@ -31,17 +31,17 @@ FAST_S = 1.0       # a refusal from the length alone takes milliseconds; 1 s is 
 
 @pytest.fixture(scope="module")
 def low():
-    srv = start_server("stories260K", LOW)
+    srv = Dolphind("stories260K", LOW)
     yield srv
-    stop_server(srv)
+    srv.stop()
 
 
 @pytest.fixture(scope="module")
 def big():
     """Defaults, but bodies up to 4 MiB, so that a 1 MiB prompt gets through."""
-    srv = start_server("stories260K", ["--max-body-bytes", "4MiB"])
+    srv = Dolphind("stories260K", ["--max-body-bytes", "4MiB"])
     yield srv
-    stop_server(srv)
+    srv.stop()
 
 
 def raw(srv, path, body: bytes, **kw):
@@ -83,18 +83,18 @@ USER = [{"role": "user", "content": "Tell me a story."}]
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
 def test_json_depth_default(server, route):
     ok(raw(server, route, nested(64, route)))
-    err = assert_error_shape(raw(server, route, nested(65, route)), 400)
+    err = check_error(raw(server, route, nested(65, route)), 400)
     assert err["type"] == "invalid_request_error" and err["param"] is None
     names_limit(err, "max_json_depth", "64")
 
 
 def test_json_depth_lowered(low):
     ok(raw(low, "/v1/completions", nested(8)))
-    err = assert_error_shape(raw(low, "/v1/completions", nested(9)), 400)
+    err = check_error(raw(low, "/v1/completions", nested(9)), 400)
     names_limit(err, "max_json_depth", "8")
     # far past cJSON's own limit (1000): still a plain 400
     deep = b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}"
-    names_limit(assert_error_shape(raw(low, "/v1/completions", deep), 400), "max_json_depth")
+    names_limit(check_error(raw(low, "/v1/completions", deep), 400), "max_json_depth")
 
 
 # ---- max_prompt_tokens -----------------------------------------------------------
@@ -102,28 +102,28 @@ def test_json_depth_lowered(low):
 def test_prompt_tokens_default_is_the_context(server):
     # stories260K: 512 positions; a 511-token prompt leaves room for one more
     ok(server.complete({"prompt": [1] + [300] * 510, "max_tokens": 1}))
-    err = assert_error_shape(server.complete({"prompt": [1] + [300] * 512, "max_tokens": 1}),
+    err = check_error(server.complete({"prompt": [1] + [300] * 512, "max_tokens": 1}),
                              400, "prompt", "context_length_exceeded")
     assert "512" in err["message"] and "max_prompt_tokens" not in err["message"]
 
 
 def test_prompt_tokens_lowered(low):
     ok(low.complete({"prompt": [1] + [300] * 99, "max_tokens": 1}))
-    err = assert_error_shape(low.complete({"prompt": [1] + [300] * 100, "max_tokens": 1}),
+    err = check_error(low.complete({"prompt": [1] + [300] * 100, "max_tokens": 1}),
                              400, "prompt", "context_length_exceeded")
     names_limit(err, "max_prompt_tokens", "100", "101")
     # a text prompt, counted after tokenizing (too short for the bound)
     text = "Once upon a time " * 40
     n = len(low.post("/tokenize", {"prompt": text}).json()["tokens"])
     assert n > 100
-    err = assert_error_shape(low.complete({"prompt": text, "max_tokens": 1}), 400, "prompt",
+    err = check_error(low.complete({"prompt": text, "max_tokens": 1}), 400, "prompt",
                              "context_length_exceeded")
     names_limit(err, "max_prompt_tokens", str(n))
     # one prompt of several too long: the whole request is refused
-    err = assert_error_shape(low.complete({"prompt": ["Once", text], "max_tokens": 1}), 400,
+    err = check_error(low.complete({"prompt": ["Once", text], "max_tokens": 1}), 400,
                              "prompt", "context_length_exceeded")
     # chat: the conversation in the chat format
-    err = assert_error_shape(chat(low, {"messages": [{"role": "user", "content": text}]}), 400,
+    err = check_error(chat(low, {"messages": [{"role": "user", "content": text}]}), 400,
                              "messages", "context_length_exceeded")
     names_limit(err, "max_prompt_tokens")
     ok(chat(low, {"messages": USER, "max_tokens": 2}))
@@ -132,7 +132,7 @@ def test_prompt_tokens_lowered(low):
 # ---- max_tokens_cap ----------------------------------------------------------------
 
 def test_max_tokens_cap_default_is_the_context(server):
-    err = assert_error_shape(server.complete({"prompt": "Once", "max_tokens": 600}), 400,
+    err = check_error(server.complete({"prompt": "Once", "max_tokens": 600}), 400,
                              "max_tokens", "context_length_exceeded")
     assert "max_tokens_cap" not in err["message"]
 
@@ -140,17 +140,17 @@ def test_max_tokens_cap_default_is_the_context(server):
 def test_max_tokens_cap_lowered(low):
     r = ok(low.complete({"prompt": "Once", "max_tokens": 20, "ignore_eos": True}))
     assert r["usage"]["completion_tokens"] == 20
-    err = assert_error_shape(low.complete({"prompt": "Once", "max_tokens": 21}), 400,
+    err = check_error(low.complete({"prompt": "Once", "max_tokens": 21}), 400,
                              "max_tokens")
     names_limit(err, "max_tokens_cap", "20", "21")
     # the default max_tokens (--max-tokens 50) is held to the cap
     r = ok(low.complete({"prompt": "Once", "ignore_eos": True}))
     assert r["usage"]["completion_tokens"] == 20
     # chat: max_completion_tokens and max_tokens; without either, the cap ends it
-    err = assert_error_shape(chat(low, {"messages": USER, "max_completion_tokens": 21}), 400,
+    err = check_error(chat(low, {"messages": USER, "max_completion_tokens": 21}), 400,
                              "max_completion_tokens")
     names_limit(err, "max_tokens_cap")
-    assert_error_shape(chat(low, {"messages": USER, "max_tokens": 21}), 400, "max_tokens")
+    check_error(chat(low, {"messages": USER, "max_tokens": 21}), 400, "max_tokens")
     r = ok(chat(low, {"messages": USER, "ignore_eos": True}))
     assert r["usage"]["completion_tokens"] == 20
     assert r["choices"][0]["finish_reason"] == "length"
@@ -159,11 +159,11 @@ def test_max_tokens_cap_lowered(low):
 # ---- max_n ------------------------------------------------------------------------------
 
 def test_n_default(server):
-    err = assert_error_shape(server.complete({"prompt": "Once", "n": 17, "max_tokens": 1}),
+    err = check_error(server.complete({"prompt": "Once", "n": 17, "max_tokens": 1}),
                              400, "n")
     names_limit(err, "max_n", "16")
     # max_batch_size (8) still bounds n below max_n
-    err = assert_error_shape(server.complete({"prompt": "Once", "n": 9, "max_tokens": 1}),
+    err = check_error(server.complete({"prompt": "Once", "n": 9, "max_tokens": 1}),
                              400, "n")
     assert "max_batch_size" in err["message"]
     assert len(ok(server.complete({"prompt": "Once", "n": 8, "max_tokens": 1}))["choices"]) == 8
@@ -171,11 +171,11 @@ def test_n_default(server):
 
 def test_n_lowered(low):
     assert len(ok(low.complete({"prompt": "Once", "n": 2, "max_tokens": 1}))["choices"]) == 2
-    err = assert_error_shape(low.complete({"prompt": "Once", "n": 3, "max_tokens": 1}), 400, "n")
+    err = check_error(low.complete({"prompt": "Once", "n": 3, "max_tokens": 1}), 400, "n")
     names_limit(err, "max_n", "2")
-    assert_error_shape(low.complete({"prompt": "Once", "n": 2, "best_of": 3, "max_tokens": 1}),
+    check_error(low.complete({"prompt": "Once", "n": 2, "best_of": 3, "max_tokens": 1}),
                        400, "best_of")
-    assert_error_shape(chat(low, {"messages": USER, "n": 3, "max_tokens": 1}), 400, "n")
+    check_error(chat(low, {"messages": USER, "n": 3, "max_tokens": 1}), 400, "n")
 
 
 # ---- max_stop, max_stop_len ------------------------------------------------------------------
@@ -183,25 +183,25 @@ def test_n_lowered(low):
 def test_stop_default(server):
     base = {"prompt": "Once", "max_tokens": 2}
     ok(server.complete(dict(base, stop=["a", "b", "c", "d"])))
-    err = assert_error_shape(server.complete(dict(base, stop=["a", "b", "c", "d", "e"])), 400,
+    err = check_error(server.complete(dict(base, stop=["a", "b", "c", "d", "e"])), 400,
                              "stop")
     names_limit(err, "max_stop", "4")
     ok(server.complete(dict(base, stop="x" * 512)))
-    err = assert_error_shape(server.complete(dict(base, stop=["a", "x" * 513])), 400, "stop")
+    err = check_error(server.complete(dict(base, stop=["a", "x" * 513])), 400, "stop")
     names_limit(err, "max_stop_len", "512", "513")
     # bytes, not characters: 171 three-byte characters are 513 bytes
-    assert_error_shape(server.complete(dict(base, stop="\u63a8" * 171)), 400, "stop")
+    check_error(server.complete(dict(base, stop="\u63a8" * 171)), 400, "stop")
 
 
 def test_stop_lowered(low):
     base = {"prompt": "Once", "max_tokens": 2}
     ok(low.complete(dict(base, stop="12345678")))
     ok(low.complete(dict(base, stop=["12345678"])))
-    err = assert_error_shape(low.complete(dict(base, stop=["a", "b"])), 400, "stop")
+    err = check_error(low.complete(dict(base, stop=["a", "b"])), 400, "stop")
     names_limit(err, "max_stop", "1")
-    err = assert_error_shape(low.complete(dict(base, stop="123456789")), 400, "stop")
+    err = check_error(low.complete(dict(base, stop="123456789")), 400, "stop")
     names_limit(err, "max_stop_len", "8", "9")
-    assert_error_shape(chat(low, {"messages": USER, "stop": ["a", "b"]}), 400, "stop")
+    check_error(chat(low, {"messages": USER, "stop": ["a", "b"]}), 400, "stop")
 
 
 # ---- max_logit_bias ---------------------------------------------------------------------------
@@ -209,7 +209,7 @@ def test_stop_lowered(low):
 def test_logit_bias_default(server):
     base = {"prompt": "Once", "max_tokens": 1}
     ok(server.complete(dict(base, logit_bias={str(i): 1 for i in range(300)})))
-    err = assert_error_shape(server.complete(dict(base, logit_bias={str(i): 1 for i in range(301)})),
+    err = check_error(server.complete(dict(base, logit_bias={str(i): 1 for i in range(301)})),
                              400, "logit_bias")
     names_limit(err, "max_logit_bias", "300", "301")
 
@@ -217,10 +217,10 @@ def test_logit_bias_default(server):
 def test_logit_bias_lowered(low):
     base = {"prompt": "Once", "max_tokens": 1}
     ok(low.complete(dict(base, logit_bias={"5": 1, "6": -1})))
-    err = assert_error_shape(low.complete(dict(base, logit_bias={"5": 1, "6": 1, "7": 1})), 400,
+    err = check_error(low.complete(dict(base, logit_bias={"5": 1, "6": 1, "7": 1})), 400,
                              "logit_bias")
     names_limit(err, "max_logit_bias", "2")
-    assert_error_shape(chat(low, {"messages": USER, "logit_bias": {"5": 1, "6": 1, "7": 1}}),
+    check_error(chat(low, {"messages": USER, "logit_bias": {"5": 1, "6": 1, "7": 1}}),
                        400, "logit_bias")
 
 
@@ -233,7 +233,7 @@ def test_logit_bias_lowered(low):
 ])
 def test_stream_refused_before_headers(low, body, param):
     r = low.complete(dict({"prompt": "Once", "max_tokens": 2, "stream": True}, **body))
-    assert_error_shape(r, 400, param)
+    check_error(r, 400, param)
     assert not r.headers["Content-Type"].startswith("text/event-stream")
 
 
@@ -272,22 +272,22 @@ def test_megabyte_prompt_refused_at_once(big):
     prompt = megabyte()
     assert len(prompt.encode()) == MIB
     r, dt = timed(lambda: big.complete({"prompt": prompt, "max_tokens": 16}))
-    err = assert_error_shape(r, 400, "prompt", "context_length_exceeded")
+    err = check_error(r, 400, "prompt", "context_length_exceeded")
     names_limit(err, "512", "without tokenizing")
     assert dt < FAST_S, dt
     # one long prompt among short ones
     r, dt = timed(lambda: big.complete({"prompt": ["Once", prompt], "max_tokens": 1}))
-    assert_error_shape(r, 400, "prompt", "context_length_exceeded")
+    check_error(r, 400, "prompt", "context_length_exceeded")
     assert dt < FAST_S, dt
     # chat: one long message
     r, dt = timed(lambda: chat(big, {"messages": [{"role": "user", "content": prompt}]}))
-    assert_error_shape(r, 400, "messages", "context_length_exceeded")
+    check_error(r, 400, "messages", "context_length_exceeded")
     assert dt < FAST_S, dt
 
 
 def test_megabyte_prompt_lowered_limit(low):
     r, dt = timed(lambda: low.complete({"prompt": megabyte(), "max_tokens": 1}))
-    err = assert_error_shape(r, 400, "prompt", "context_length_exceeded")
+    err = check_error(r, 400, "prompt", "context_length_exceeded")
     names_limit(err, "max_prompt_tokens", "100", "without tokenizing")
     assert dt < FAST_S, dt
 
@@ -297,11 +297,11 @@ def test_megabyte_of_spaces_llama(tiny_server):
     # under the default 1 MiB body, still far past 1024 positions.
     prompt = " " * (MIB - 64)
     r, dt = timed(lambda: tiny_server.complete({"prompt": prompt, "max_tokens": 1}))
-    assert_error_shape(r, 400, "prompt", "context_length_exceeded")
+    check_error(r, 400, "prompt", "context_length_exceeded")
     assert dt < FAST_S, dt
     r, dt = timed(lambda: tiny_server.complete({"prompt": megabyte(size=MIB - 64),
                                                 "max_tokens": 1}))
-    assert_error_shape(r, 400, "prompt", "context_length_exceeded")
+    check_error(r, 400, "prompt", "context_length_exceeded")
     assert dt < FAST_S, dt
 
 
@@ -312,7 +312,7 @@ def test_prompt_near_the_bound_is_still_counted_exactly(big):
     prompt = megabyte(size=3000)
     n = big.post("/tokenize", {"prompt": prompt}).json()["count"]
     assert n > 512
-    err = assert_error_shape(big.complete({"prompt": prompt, "max_tokens": 1}), 400, "prompt",
+    err = check_error(big.complete({"prompt": prompt, "max_tokens": 1}), 400, "prompt",
                              "context_length_exceeded")
     assert str(n) in err["message"] and "without tokenizing" not in err["message"]
     ok(big.complete({"prompt": megabyte(size=1500), "max_tokens": 1}))

@@ -17,7 +17,6 @@ The run prints one line, `schemathesis: N test cases ...`, with the number of
 cases sent. DOLPHIN_OPENAPI_EXAMPLES sets the examples per operation (default
 50), DOLPHIN_OPENAPI_SEED the seed.
 """
-import json
 import os
 import re
 import subprocess
@@ -28,7 +27,7 @@ import jsonschema_rs
 import pytest
 import yaml
 
-from conftest import REPO, start_server, stop_server
+from dolphin_server import REPO, Dolphind
 
 SPEC = REPO / "docs" / "openapi.yaml"
 SERVER_C = REPO / "src" / "http" / "server.c"
@@ -135,9 +134,9 @@ def test_every_route_is_in_the_spec():
 
 @pytest.fixture(scope="module")
 def openapi_server():
-    srv = start_server(MODEL)
+    srv = Dolphind(MODEL)
     yield srv
-    stop_server(srv)
+    srv.stop()
 
 
 def test_schemathesis(openapi_server, tmp_path):

@@ -12,8 +12,8 @@ import time
 import pytest
 import requests
 
-from conftest import start_server, stop_server
-from ops_util import log_records, sse_events
+from dolphin_server import Dolphind, parse_sse
+from ops_util import log_records
 
 # stories260K: 512 positions. 480 greedy tokens with usage at the end: a
 # few seconds with sanitizers, a fraction of a second in a release build.
@@ -65,7 +65,7 @@ def assert_clean_exit(srv, rc):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_drains_stream_then_exits_0(sig):
-    srv = start_server("stories260K", ["--drain-timeout-s", "60"])
+    srv = Dolphind("stories260K", ["--drain-timeout-s", "60"])
     try:
         s = Stream(srv.url, STREAM)
         s.gate.clear()          # hold the stream open (not reading) for now
@@ -101,7 +101,7 @@ def test_signal_drains_stream_then_exits_0(sig):
         s.gate.set()
         s.join(120)
         assert not s.is_alive() and s.error is None, s.error
-        events, done = sse_events(s.raw)
+        events, done = parse_sse(s.raw)
         assert done
         assert events[-1]["usage"]["completion_tokens"] == 480
         finishes = [c["finish_reason"] for ev in events for c in ev.get("choices", [])
@@ -129,7 +129,7 @@ def test_signal_drains_stream_then_exits_0(sig):
 def test_drain_timeout_ends_what_is_left():
     """A stream that cannot finish within drain_timeout_s ends with an error
     event and [DONE]; the process still exits 0, soon after the timeout."""
-    srv = start_server("stories260K", ["--drain-timeout-s", "0.5"])
+    srv = Dolphind("stories260K", ["--drain-timeout-s", "0.5"])
     try:
         body = dict(STREAM, n=8, temperature=0.8)    # 8 x 480 tokens: seconds, even in release
         s = Stream(srv.url, body)
@@ -141,7 +141,7 @@ def test_drain_timeout_ends_what_is_left():
         took = time.monotonic() - t_sig
         assert_clean_exit(srv, rc)
         s.join(30)
-        events, done = sse_events(s.raw)
+        events, done = parse_sse(s.raw)
         lengths = [c for ev in events for c in ev.get("choices", [])
                    if c.get("finish_reason") == "length"]
         if len(lengths) < 8:    # cut off (the usual case): an error event, then [DONE]
@@ -156,7 +156,7 @@ def test_drain_timeout_ends_what_is_left():
 
 
 def test_second_signal_cuts_the_drain_short():
-    srv = start_server("stories260K", ["--drain-timeout-s", "120"])
+    srv = Dolphind("stories260K", ["--drain-timeout-s", "120"])
     try:
         s = Stream(srv.url, dict(STREAM, n=8, temperature=0.8))
         s.start()
@@ -181,7 +181,7 @@ def test_second_signal_cuts_the_drain_short():
 def test_warm_up_before_ready():
     """The log shows load, then warm-up, then ready, in that order, and
     nothing was served before ready."""
-    srv = start_server("stories260K")
+    srv = Dolphind("stories260K")
     try:
         events = [x.get("event") for x in log_records(srv.log())]
         assert events.index("model_loaded") < events.index("warmed_up") < events.index("ready")
@@ -191,11 +191,11 @@ def test_warm_up_before_ready():
         m = requests.get(srv.url + "/metrics", timeout=10).text
         assert "dolphin_generation_tokens_total 0\n" in m
     finally:
-        stop_server(srv)
+        srv.stop()
 
 
 def test_no_warmup_flag_still_ready():
-    srv = start_server("stories260K", ["--no-warmup"])
+    srv = Dolphind("stories260K", ["--no-warmup"])
     try:
         events = [x.get("event") for x in log_records(srv.log())]
         assert "warmed_up" not in events and "ready" in events
@@ -203,4 +203,4 @@ def test_no_warmup_flag_still_ready():
                           timeout=30)
         assert r.status_code == 200
     finally:
-        stop_server(srv)
+        srv.stop()

@@ -13,7 +13,7 @@ import pytest
 import requests
 import yaml
 
-from conftest import BIN, start_server, stop_server
+from dolphin_server import BIN, Dolphind
 from ops_util import CONFIGS
 
 K8S = CONFIGS / "k8s"
@@ -122,7 +122,7 @@ def test_configmap_config_runs_and_serves_the_probes():
         f.write(one("ConfigMap")["data"]["dolphin.yaml"])
         path = f.name
     try:
-        srv = start_server("stories260K", ["--config", path])
+        srv = Dolphind("stories260K", ["--config", path])
         try:
             c = container()
             for probe in ("readinessProbe", "livenessProbe"):
@@ -132,6 +132,6 @@ def test_configmap_config_runs_and_serves_the_probes():
             h = requests.get(srv.url + "/healthz", timeout=30).json()
             assert h["memory"]["unready_ratio"] == configmap_settings()["vram_unready_ratio"]
         finally:
-            stop_server(srv)
+            srv.stop()
     finally:
         Path(path).unlink()

@@ -5,13 +5,12 @@ response carries X-Request-Id (errors, 404, 405, 413, 415, streams, probes,
 metrics); API keys answer 401 in OpenAI's shape and leave probes open."""
 import json
 import re
-import socket
 import time
 
 import pytest
 import requests
 
-from conftest import API_KEY, assert_error_shape, start_server, stop_server
+from dolphin_server import API_KEY, Dolphind, check_error, raw_exchange
 from ops_util import log_records
 
 LINE = re.compile(r'^ts=\S+ level=(debug|info|warn|error) event=[a-z_]+'
@@ -20,9 +19,9 @@ LINE = re.compile(r'^ts=\S+ level=(debug|info|warn|error) event=[a-z_]+'
 
 @pytest.fixture(scope="module")
 def dolphin():
-    srv = start_server("stories260K", ["--api-key", API_KEY, "--api-key", "low-key:0"])
+    srv = Dolphind("stories260K", ["--api-key", API_KEY, "--api-key", "low-key:0"])
     yield srv
-    stop_server(srv)
+    srv.stop()
 
 
 def auth(key=API_KEY):
@@ -80,7 +79,7 @@ def test_every_error_has_an_id_and_a_line(dolphin, method, path, body, headers, 
     rid = f"ops-err-{status}-{method.lower()}-{len(body or '')}"
     r = requests.request(method, dolphin.url + path, data=body, timeout=60,
                          headers={**auth(), "X-Request-Id": rid, **headers})
-    assert_error_shape(r, status)
+    check_error(r, status)
     assert r.headers["X-Request-Id"] == rid
     rec = request_line(dolphin, rid)
     assert rec["status"] == str(status) and rec["level"] == "info"
@@ -89,16 +88,10 @@ def test_every_error_has_an_id_and_a_line(dolphin, method, path, body, headers, 
 def test_413_with_expect_100_continue(dolphin):
     """A client that waits for "100 Continue" gets the 413 (with the id) before
     sending the body."""
-    with socket.create_connection(("127.0.0.1", dolphin.port), timeout=30) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"X-Request-Id: ops-expect-413\r\nExpect: 100-continue\r\n"
-                  b"Content-Length: 5000000\r\n\r\n")
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            data += chunk
+    data = raw_exchange(dolphin.port,
+                        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"X-Request-Id: ops-expect-413\r\nExpect: 100-continue\r\n"
+                        b"Content-Length: 5000000\r\n\r\n", head_only=True, timeout=30)
     head = data.split(b"\r\n\r\n")[0].decode()
     assert head.startswith("HTTP/1.1 413"), head
     assert "X-Request-Id: ops-expect-413" in head
@@ -108,7 +101,7 @@ def test_api_keys(dolphin):
     body = {"prompt": "Once", "max_tokens": 2}
     for hdr in ({}, auth("wrong"), {"Authorization": "Basic abc"}, {"Authorization": "Bearer"}):
         r = requests.post(dolphin.url + "/v1/completions", json=body, headers=hdr, timeout=60)
-        err = assert_error_shape(r, 401)
+        err = check_error(r, 401)
         assert err["code"] == "invalid_api_key" and err["type"] == "invalid_request_error"
         assert r.headers["WWW-Authenticate"] == "Bearer"
     for key in (API_KEY, "low-key"):
@@ -138,8 +131,8 @@ def test_probes_log_at_debug_only():
     """Successful probes and scrapes (every few seconds in production) are
     logged at debug level, so they are absent at the default level and
     present with --log-level debug."""
-    quiet = start_server("stories260K")
-    loud = start_server("stories260K", ["--log-level", "debug"])
+    quiet = Dolphind("stories260K")
+    loud = Dolphind("stories260K", ["--log-level", "debug"])
     try:
         for srv in (quiet, loud):
             for path in ("/healthz", "/livez", "/metrics"):
@@ -154,5 +147,5 @@ def test_probes_log_at_debug_only():
                                                         "probe-metrics"}
         assert all(x["level"] == "debug" for x in loud_recs)
     finally:
-        stop_server(quiet)
-        stop_server(loud)
+        quiet.stop()
+        loud.stop()

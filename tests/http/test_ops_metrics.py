@@ -11,7 +11,7 @@ import pytest
 import requests
 import yaml
 
-from conftest import API_KEY, start_server, stop_server
+from dolphin_server import API_KEY, Dolphind
 from ops_util import (CONFIGS, family_of, get_metrics, grafana_queries, parse_exposition,
                       promql_metric_names, promtool, value)
 
@@ -54,9 +54,9 @@ COMPLETIONS = "/v1/completions"
 
 @pytest.fixture(scope="module")
 def dolphin():
-    srv = start_server("stories260K")
+    srv = Dolphind("stories260K")
     yield srv
-    stop_server(srv)
+    srv.stop()
 
 
 def traffic(url):
@@ -319,7 +319,7 @@ def test_dashboard_is_grafana_json():
 
 def test_probes_and_metrics_open_with_api_keys():
     """With API keys configured, probes and scrapes need no key; the API does."""
-    srv = start_server("stories260K", ["--api-key", API_KEY])
+    srv = Dolphind("stories260K", ["--api-key", API_KEY])
     try:
         for path in ("/healthz", "/livez", "/metrics"):
             assert requests.get(srv.url + path, timeout=30).status_code == 200, path
@@ -328,4 +328,4 @@ def test_probes_and_metrics_open_with_api_keys():
         _, _, s = scrape(srv.url)
         assert value(s, "dolphin_requests_total", route="/v1/models", status="401") == 1
     finally:
-        stop_server(srv)
+        srv.stop()

@@ -10,8 +10,8 @@ import pytest
 import requests
 import yaml
 
-from conftest import start_server, stop_server
-from ops_util import (CONFIGS, log_records, nginx_in_front, sse_events, timed_stream,
+from dolphin_server import Dolphind, parse_sse
+from ops_util import (CONFIGS, log_records, nginx_in_front, timed_stream,
                       upstream_sockets)
 
 # stories260K: 512 positions. 480 greedy tokens take ~0.2 s in a release
@@ -24,9 +24,9 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def dolphin():
-    srv = start_server("stories260K")
+    srv = Dolphind("stories260K")
     yield srv
-    stop_server(srv)
+    srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_stream_arrives_chunk_by_chunk(dolphin, proxy):
     assert status == 200, proxy.error_log()
     assert headers["Content-Type"].startswith("text/event-stream")
     raw = b"".join(c for _, c in arrivals)
-    events, done = sse_events(raw)
+    events, done = parse_sse(raw)
     assert done
     text = "".join(ev["choices"][0]["text"] for ev in events if ev.get("choices"))
     # nginx passed the events on as they came: many separate reads, the
@@ -52,7 +52,7 @@ def test_stream_arrives_chunk_by_chunk(dolphin, proxy):
     assert before_half >= 5, f"only {before_half} reads in the first half of the stream"
     # the same text as straight from dolphind
     _, _, direct = timed_stream(dolphin.url, LONG_STREAM)
-    d_events, d_done = sse_events(b"".join(c for _, c in direct))
+    d_events, d_done = parse_sse(b"".join(c for _, c in direct))
     assert d_done
     assert text == "".join(ev["choices"][0]["text"] for ev in d_events if ev.get("choices"))
 

@@ -10,15 +10,15 @@ import time
 import pytest
 import requests
 
-from conftest import start_server, stop_server
+from dolphin_server import Dolphind
 from ops_util import log_records, parse_exposition, value
 
 
 @pytest.fixture(scope="module")
 def dolphin():
-    srv = start_server("stories260K")
+    srv = Dolphind("stories260K")
     yield srv
-    stop_server(srv)
+    srv.stop()
 
 
 def test_healthz_body(dolphin):
@@ -92,7 +92,7 @@ N_CLIENTS = 6
 
 
 def test_readiness_hysteresis_with_a_small_kv_pool():
-    srv = start_server("stories260K", HYST_FLAGS)
+    srv = Dolphind("stories260K", HYST_FLAGS)
     stop = threading.Event()
     statuses = []
 
@@ -161,12 +161,12 @@ def test_readiness_hysteresis_with_a_small_kv_pool():
         for t in clients:
             if t.is_alive():
                 t.join(120)
-        stop_server(srv)
+        srv.stop()
 
 
 def test_zero_delay_means_immediately():
     """vram_unready_after_s 0: unready as soon as use is above the ratio."""
-    srv = start_server("stories260K", ["--kv-cache-tokens", "64", "--vram-unready-ratio", "0.5",
+    srv = Dolphind("stories260K", ["--kv-cache-tokens", "64", "--vram-unready-ratio", "0.5",
                                        "--vram-unready-after-s", "0"])
     try:
         body = {"prompt": "Once", "max_tokens": 60, "ignore_eos": True}
@@ -184,4 +184,4 @@ def test_zero_delay_means_immediately():
         t.join(120)
         assert got and got[0] == 503 and got[1]["memory"]["unready"], got
     finally:
-        stop_server(srv)
+        srv.stop()

@@ -8,7 +8,7 @@ import time
 import pytest
 import requests
 
-from conftest import read_sse
+from dolphin_server import parse_sse
 
 HEX_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -27,7 +27,7 @@ def test_request_id_echoed(server, rid):
     with requests.post(server.url + "/v1/completions", headers=h, stream=True, timeout=30,
                        json={"prompt": "Once", "max_tokens": 2, "stream": True}) as r:
         assert r.headers["X-Request-Id"] == rid
-        read_sse(r)
+        parse_sse(r)
 
 
 @pytest.mark.parametrize("rid", ["has space", "A" * 64, "semi;colon", "quote\"d", "é"])
@@ -74,7 +74,7 @@ def test_sse_headers_and_framing(server):
         assert r.headers["Content-Type"].startswith("text/event-stream")
         assert r.headers["Cache-Control"] == "no-cache"
         assert r.headers["X-Accel-Buffering"] == "no"
-        events, done = read_sse(r)
+        events, done = parse_sse(r)
     assert done
     for ev in events:
         assert set(ev) >= {"id", "object", "created", "model", "choices"}
@@ -88,7 +88,7 @@ def test_sse_include_usage(server):
     with requests.post(server.url + "/v1/completions", stream=True, timeout=30,
                        json=dict(body, stream=True,
                                  stream_options={"include_usage": True})) as r:
-        events, done = read_sse(r)
+        events, done = parse_sse(r)
     assert done
     last = events[-1]
     assert last["choices"] == []
@@ -264,6 +264,6 @@ def test_keep_alive_reuses_connection(server):
             assert r.status_code == 200
         with sess.post(server.url + "/v1/completions", stream=True, timeout=30,
                        json={"prompt": "Once", "max_tokens": 3, "stream": True}) as r:
-            _, done = read_sse(r)
+            _, done = parse_sse(r)
             assert done
         assert sess.get(server.url + "/healthz", timeout=30).status_code == 200

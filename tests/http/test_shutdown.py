@@ -13,14 +13,14 @@ import time
 
 import requests
 
-from conftest import BIN, assert_error_shape, model_dir, start_server, stop_server
+from dolphin_server import BIN, check_error, model_dir, Dolphind
 
 LONG = {"prompt": ["", "The cat", "Once", "Tom"], "n": 8, "max_tokens": 500,
         "ignore_eos": True, "temperature": 0.5}
 
 
 def test_sigterm_drains_and_exits():
-    srv = start_server("stories260K", ["--drain-timeout-s", "1"])
+    srv = Dolphind("stories260K", ["--drain-timeout-s", "1"])
     outcomes = {}
 
     def non_stream():
@@ -64,12 +64,12 @@ def test_sigterm_drains_and_exits():
         assert r.json()["reasons"]
         r = requests.post(srv.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1},
                           timeout=10)
-        err = assert_error_shape(r, 503)
+        err = check_error(r, 503)
         assert err["type"] == "service_unavailable"
     finally:
         for t in threads:
             t.join(timeout=60)
-        stop_server(srv)   # asserts exit 0 and a clean sanitizer log
+        srv.stop()   # asserts exit 0 and a clean sanitizer log
     assert not any(t.is_alive() for t in threads)
     assert set(outcomes) == {"plain", "stream"}, outcomes
 

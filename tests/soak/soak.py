@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""tests/soak/soak.py — a bounded soak test of dolphind (python3 stdlib only).
+"""tests/soak/soak.py — a bounded soak test of dolphind, on the test harness
+of tests/http/dolphin_server.py (run it with the .venv's python).
 
 Starts dolphind on 127.0.0.1 with the stories260K test model and sends a
 shuffled mix of requests at a fixed concurrency: valid non-streaming ones
@@ -14,7 +15,7 @@ to the pool (/healthz kv_cache.blocks_used == 0) and resident memory (VmRSS)
 run. Prints a summary; exits 1 on any failure, 0 when all holds (also when
 the fixtures are absent: it says it skipped).
 
-    python3 tests/soak/soak.py [--bin build/dolphind] [--requests 2000]
+    .venv/bin/python tests/soak/soak.py [--bin build/dolphind] [--requests 2000]
                                [--warmup 300] [--concurrency 16] [--no-rss-check]
 
 With a sanitizer build (--no-rss-check: ASan's quarantine keeps freed memory
@@ -25,21 +26,21 @@ Environment: DOLPHIN_BIN (default <repo>/build/dolphind), DOLPHIN_SHARED
 (default <repo>/../shared).
 """
 import argparse
-import http.client
 import json
 import os
 import random
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import requests
+
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "http"))
+from dolphin_server import Dolphind, check_error_parts, parse_sse, stream_texts  # noqa: E402
 MAX_BODY = 1 << 20        # dolphind's default max_body_bytes
 HTTP_TIMEOUT = 120        # seconds, per request
 
@@ -89,150 +90,41 @@ class Failure(Exception):
     pass
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, binary, model, threads, backend):
-        self.port = free_port()
-        fd, self.log_path = tempfile.mkstemp(prefix="dolphind-soak-", suffix=".log")
-        self.cmd = [str(binary), "--model", str(model), "--host", "127.0.0.1",
-                    "--port", str(self.port), "--threads", str(threads), "--backend", backend,
-                    "--log-level", "warn"]
-        self.proc = subprocess.Popen(self.cmd, stdout=fd, stderr=fd)
-        os.close(fd)
-        deadline = time.monotonic() + 90
-        while True:
-            if self.proc.poll() is not None:
-                raise Failure(f"dolphind exited with {self.proc.returncode} during start-up:\n"
-                              f"{self.log()[-3000:]}")
-            try:
-                if self.get("/healthz")[0] == 200:
-                    return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                raise Failure("dolphind not ready within 90 s")
-            time.sleep(0.05)
-
-    def log(self):
-        return Path(self.log_path).read_text(errors="replace")
-
-    def conn(self):
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=HTTP_TIMEOUT)
-
-    def get(self, path):
-        c = self.conn()
-        try:
-            c.request("GET", path)
-            r = c.getresponse()
-            return r.status, r.read()
-        finally:
-            c.close()
-
-    def post(self, body, ctype="application/json"):
-        """(status, headers, body bytes) of one POST /v1/completions."""
-        c = self.conn()
-        try:
-            c.request("POST", "/v1/completions", body=body, headers={"Content-Type": ctype})
-            r = c.getresponse()
-            return r.status, r.headers, r.read()
-        finally:
-            c.close()
-
-    def health(self):
-        status, body = self.get("/healthz")
-        return status, json.loads(body)
-
-    def rss_kib(self):
-        """(VmRSS, RssAnon) in KiB: all resident memory, and the part that is
-        not mapped files (heap, stacks: where a leak shows)."""
-        fields = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "RssAnon"):
-                fields[key] = int(rest.split()[0])
-        if len(fields) != 2:
-            raise Failure("no VmRSS/RssAnon in /proc/PID/status")
-        return fields["VmRSS"], fields["RssAnon"]
-
-    def wait_idle(self, timeout=30):
-        """Wait until nothing runs or waits and every KV block is free."""
-        deadline = time.monotonic() + timeout
-        while True:
-            _, h = self.health()
-            s, kv = h["scheduler"], h["kv_cache"]
-            if (kv["blocks_used"] == 0 and s["running_seqs"] == 0 and s["queued"] == 0
-                    and s["running_requests"] == 0):
-                return h
-            if time.monotonic() > deadline:
-                raise Failure(f"not idle {timeout} s after the load: kv_cache={kv} scheduler={s}")
-            time.sleep(0.05)
-
-    def stop(self):
-        """SIGTERM; returns (exit code, sanitizer reports found in the log)."""
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            rc = "hung (killed after 60 s)"
-        log = self.log()
-        bad = [m for m in ("AddressSanitizer", "LeakSanitizer", "runtime error:",
-                           "Fatal error in GNU libmicrohttpd") if m in log]
-        return rc, bad
+def post(srv, body, ctype="application/json"):
+    """One POST /v1/completions of raw bytes, on a connection of its own."""
+    return requests.post(srv.url + "/v1/completions", data=body,
+                         headers={"Content-Type": ctype}, timeout=HTTP_TIMEOUT)
 
 
 # ---- one request of each kind ------------------------------------------------
 
-def texts_of(body):
-    choices = sorted(json.loads(body)["choices"], key=lambda c: c["index"])
+def texts_of(r):
+    choices = sorted(r.json()["choices"], key=lambda c: c["index"])
     return [c["text"] for c in choices]
 
 
-def check_error_shape(status, headers, body, want):
-    if status != want:
-        raise Failure(f"status {status}, want {want}: {body[:200]!r}")
-    if not headers.get("Content-Type", "").startswith("application/json"):
-        raise Failure(f"error Content-Type {headers.get('Content-Type')!r}")
-    err = json.loads(body).get("error")
-    if not (isinstance(err, dict) and isinstance(err.get("message"), str) and err["message"]
-            and isinstance(err.get("type"), str) and "param" in err and "code" in err):
-        raise Failure(f"not an OpenAI-shaped error: {body[:200]!r}")
-
-
 def do_valid(srv, spec, ref):
-    status, _, body = srv.post(json.dumps(spec).encode())
-    if status != 200:
-        raise Failure(f"status {status}: {body[:200]!r}")
-    got = texts_of(body)
+    r = post(srv, json.dumps(spec).encode())
+    if r.status_code != 200:
+        raise Failure(f"status {r.status_code}: {r.text[:200]!r}")
+    got = texts_of(r)
     if got != ref:
         raise Failure(f"text {got!r} differs from the request alone: {ref!r}")
 
 
 def do_stream(srv, spec, ref):
-    status, headers, body = srv.post(json.dumps(dict(spec, stream=True)).encode())
-    if status != 200:
-        raise Failure(f"status {status}: {body[:200]!r}")
-    if not headers.get("Content-Type", "").startswith("text/event-stream"):
-        raise Failure(f"stream Content-Type {headers.get('Content-Type')!r}")
-    text = body.decode("utf-8")
-    if not text.endswith("data: [DONE]\n\n"):
-        raise Failure(f"stream does not end with [DONE]: {text[-200:]!r}")
-    out = [""] * len(ref)
-    for block in text.split("\n\n")[:-2]:
-        if not block.startswith("data: "):
-            raise Failure(f"bad SSE block {block[:100]!r}")
-        ev = json.loads(block[6:])
-        if "error" in ev:
-            raise Failure(f"error event {ev}")
-        for ch in ev.get("choices", []):
-            out[ch["index"]] += ch["text"]
+    r = post(srv, json.dumps(dict(spec, stream=True)).encode())
+    if r.status_code != 200:
+        raise Failure(f"status {r.status_code}: {r.text[:200]!r}")
+    if not r.headers.get("Content-Type", "").startswith("text/event-stream"):
+        raise Failure(f"stream Content-Type {r.headers.get('Content-Type')!r}")
+    events, done = parse_sse(r.content)
+    if not done:
+        raise Failure(f"stream does not end with [DONE]: {r.text[-200:]!r}")
+    errors = [ev for ev in events if "error" in ev]
+    if errors:
+        raise Failure(f"error event {errors[0]}")
+    out = stream_texts(events, len(ref))
     if out != ref:
         raise Failure(f"streamed {out!r} differs from the non-streamed text {ref!r}")
 
@@ -263,15 +155,15 @@ def do_cancel(srv):
 
 def do_malformed(srv, case):
     body, ctype, want = case
-    status, headers, resp = srv.post(body, ctype)
-    check_error_shape(status, headers, resp, want)
+    r = post(srv, body, ctype)
+    check_error_parts(r.status_code, r.headers, r.text, want)
 
 
 def do_oversize(srv, extra):
     pad = MAX_BODY + 1 + extra
     body = b'{"prompt": "' + b"a" * pad + b'"}'
-    status, headers, resp = srv.post(body)
-    check_error_shape(status, headers, resp, 413)
+    r = post(srv, body)
+    check_error_parts(r.status_code, r.headers, r.text, 413)
 
 
 # ---- the run -----------------------------------------------------------------
@@ -361,18 +253,20 @@ def main():
     rng = random.Random(a.seed)
     problems = []
     try:
-        srv = Server(a.bin, model, a.threads, a.backend)
-    except Failure as e:
+        srv = Dolphind(model, ["--backend", a.backend, "--log-level", "warn"], threads=a.threads,
+                       binary=a.bin)
+    except BaseException as e:  # noqa: BLE001 — the harness fails through pytest.fail
         print(f"soak: FAILED: {e}")
         return 1
     try:
         # 1. references: each valid request alone
         refs = []
         for spec in VALID:
-            status, _, body = srv.post(json.dumps(spec).encode())
-            if status != 200:
-                raise Failure(f"reference request {spec} answered {status}: {body[:200]!r}")
-            refs.append(texts_of(body))
+            r = post(srv, json.dumps(spec).encode())
+            if r.status_code != 200:
+                raise Failure(f"reference request {spec} answered {r.status_code}: "
+                              f"{r.text[:200]!r}")
+            refs.append(texts_of(r))
 
         # 2. warm-up, 3. the rest; RSS after each, once idle
         tally = Tally()
@@ -387,7 +281,7 @@ def main():
         h = srv.wait_idle()
         rss_end = srv.rss_kib()
         t_end = time.monotonic()
-        status, _ = srv.health()
+        status = requests.get(srv.url + "/healthz", timeout=30).status_code
         if status != 200:
             problems.append(f"/healthz answers {status} after the load")
         growth = 100.0 * (rss_end[0] - rss_warm[0]) / rss_warm[0]
@@ -420,15 +314,15 @@ def main():
             if anon_growth >= a.max_rss_growth:
                 problems.append(f"anonymous memory (RssAnon) grew {anon_growth:.2f} % "
                                 "after warm-up")
-    except (Failure, OSError, ValueError, KeyError) as e:
-        # OSError: the server stopped answering; ValueError/KeyError: bad /healthz
+    except (Failure, AssertionError, OSError, ValueError, KeyError) as e:
+        # OSError: the server stopped answering; ValueError/KeyError: bad /healthz;
+        # AssertionError: not idle after the load
         problems.append(f"{type(e).__name__}: {e}")
     finally:
-        rc, bad = srv.stop()
-        if rc != 0 or bad:
-            problems.append(f"dolphind exit {rc} {bad}:\n{srv.log()[-4000:]}")
-        else:
-            os.unlink(srv.log_path)
+        try:
+            srv.stop()   # exit 0 and no sanitizer report in its log, or it raises
+        except BaseException as e:  # noqa: BLE001
+            problems.append(str(e)[:6000])
     if problems:
         for p in problems:
             print(f"soak: FAILED: {p}")
