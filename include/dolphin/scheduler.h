@@ -87,9 +87,6 @@ struct dol_request {
     /* Called by the scheduler thread, without the mutex held, after new
      * output was appended or the request ended. Must not block. */
     void (*on_event)(dol_request *r, void *user);
-    /* Polled by the scheduler thread once per step while the request is
-     * queued or running: return true when the client has gone away. */
-    bool (*client_gone)(dol_request *r, void *user);
     void *user;
 
     /* ---- output: guarded by mu ---- */

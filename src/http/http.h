@@ -26,6 +26,8 @@ struct dol_server {
     pthread_mutex_t idle_mu;     /* with idle_cv: dol_server_wait_idle */
     pthread_cond_t idle_cv;      /* broadcast when inflight drops to 0 */
     bool stopping;               /* guarded by the registry lock */
+    int watch_pipe[2];           /* wakes the disconnect watcher (registry.c) */
+    pthread_t watcher;
     int64_t started;             /* unix seconds, for /v1/models "created" */
 
     pthread_mutex_t mu;          /* guards the attached objects below */
@@ -90,6 +92,8 @@ typedef struct dol_http_req {
     /* guarded by the registry lock */
     bool suspended;              /* MHD has the connection suspended */
     bool pending;                /* an event came while not suspended */
+    bool unwatched;              /* the watcher is done with this suspension
+                                    (hang-up acted on, or data still unread) */
 
     /* /v1/completions and /v1/chat/completions (route_completions.c) */
     bool chat;                   /* chat.completion objects, no echo */
@@ -129,8 +133,13 @@ int dol_http_register(dol_http_req *c);
 void dol_http_unregister(dol_http_req *c);
 /* Look up a handle; call with the lock held. */
 dol_http_req *dol_http_lookup(uint64_t handle);
-/* Resume every suspended connection of server s and mark it stopping. */
+/* Resume every suspended connection of server s, mark it stopping, and end
+ * its disconnect watcher. */
 void dol_http_stop_all(dol_server *s);
+/* Start server s's disconnect watcher: a thread that polls the sockets of
+ * suspended connections (libmicrohttpd does not watch them) and cancels the
+ * requests of a client that hung up. -1 with err on failure. */
+int dol_http_watch_start(dol_server *s, char *err, size_t errlen);
 
 typedef enum { DOL_WAIT_SUSPENDED, DOL_WAIT_PENDING, DOL_WAIT_STOPPING } dol_wait_result;
 /* From an MHD callback: clear c->pending (call before looking at output). */
@@ -140,9 +149,8 @@ void dol_http_clear_pending(dol_http_req *c);
  * stopping. */
 dol_wait_result dol_http_suspend(dol_http_req *c);
 
-/* The scheduler's callbacks (user = the handle). */
+/* The scheduler's callback (user = the handle): new output or the end. */
 void dol_http_on_event(dol_request *r, void *user);
-bool dol_http_client_gone(dol_request *r, void *user);
 
 /* ---- responses (src/http/server.c) ------------------------------------ */
 

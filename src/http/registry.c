@@ -1,21 +1,30 @@
 /* src/http/registry.c — the bridge between the scheduler thread and MHD's
- * polling thread.
+ * polling thread, and the disconnect watcher.
  *
- * The scheduler calls on_event / client_gone with a numeric handle, not a
- * pointer: a request can outlive its HTTP context (the client went away, or
- * the server stopped first), so each call looks the handle up in a
- * process-wide table under one lock and does nothing when the context is
- * gone. The same lock guards each context's `suspended` / `pending` flags
- * and is held across MHD_suspend_connection / MHD_resume_connection, which
- * closes the race between "nothing to send, suspend" and "new output,
- * resume". Lock order: this lock, then MHD's internal ones (MHD does not
- * call us back while holding those). */
+ * The scheduler calls on_event with a numeric handle, not a pointer: a
+ * request can outlive its HTTP context (the client went away, or the server
+ * stopped first), so each call looks the handle up in a process-wide table
+ * under one lock and does nothing when the context is gone. The same lock
+ * guards each context's `suspended` / `pending` flags and is held across
+ * MHD_suspend_connection / MHD_resume_connection, which closes the race
+ * between "nothing to send, suspend" and "new output, resume".
+ *
+ * libmicrohttpd does not watch the socket of a suspended connection, so a
+ * client that hangs up while its request waits for the model would go
+ * unnoticed until the next output. Each server's watcher thread polls those
+ * sockets for a hang-up and cancels the requests; the scheduler frees them
+ * at its next step. Lock order: this lock, then MHD's internal ones (MHD
+ * does not call us back while holding those); docs/architecture.md. */
 #include "http/http.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #define SLOT_BITS 24   /* handle = generation << SLOT_BITS | slot index */
 
@@ -90,6 +99,12 @@ void dol_http_unregister(dol_http_req *c)
     pthread_mutex_unlock(&g_mu);
 }
 
+static void wake_watcher(dol_server *s)
+{
+    char b = 1;
+    if (write(s->watch_pipe[1], &b, 1) < 0) { /* full: a wake-up is pending anyway */ }
+}
+
 void dol_http_stop_all(dol_server *s)
 {
     pthread_mutex_lock(&g_mu);
@@ -101,7 +116,11 @@ void dol_http_stop_all(dol_server *s)
             MHD_resume_connection(c->conn);
         }
     }
+    wake_watcher(s);
     pthread_mutex_unlock(&g_mu);
+    pthread_join(s->watcher, NULL);
+    close(s->watch_pipe[0]);
+    close(s->watch_pipe[1]);
 }
 
 void dol_http_clear_pending(dol_http_req *c)
@@ -122,7 +141,9 @@ dol_wait_result dol_http_suspend(dol_http_req *c)
         res = DOL_WAIT_STOPPING;
     } else {
         c->suspended = true;
+        c->unwatched = false;
         MHD_suspend_connection(c->conn);
+        wake_watcher(c->srv);   /* one more socket to watch */
         res = DOL_WAIT_SUSPENDED;
     }
     pthread_mutex_unlock(&g_mu);
@@ -145,29 +166,102 @@ void dol_http_on_event(dol_request *r, void *user)
     pthread_mutex_unlock(&g_mu);
 }
 
-/* While MHD has a connection suspended it does not watch its socket, so a
- * client that hangs up would go unnoticed: peek at the socket instead
- * (recv returning 0 = orderly close). Only suspended connections are
- * peeked: their socket cannot be closed under us. */
-bool dol_http_client_gone(dol_request *r, void *user)
+/* ---- the disconnect watcher ---------------------------------------------- */
+
+static int conn_fd(const dol_http_req *c)
 {
-    (void)r;
-    bool gone = false;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* The poll set: the wake-up pipe, then every suspended connection of s.
+ * Returns the count, or -1 when s is stopping. Takes the lock. */
+static int watch_set(dol_server *s, struct pollfd **fds, uint64_t **handles, int *cap)
+{
     pthread_mutex_lock(&g_mu);
-    dol_http_req *c = dol_http_lookup((uint64_t)(uintptr_t)user);
-    if (!c) {
-        gone = true;
-    } else if (c->suspended) {
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(c->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-        if (ci) {
-            char b;
-            ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-            if (n == 0) gone = true;
-            else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-                gone = true;
+    if (s->stopping) {
+        pthread_mutex_unlock(&g_mu);
+        return -1;
+    }
+    int n = 1;
+    for (int32_t i = 0; i < g_n; i++) {
+        dol_http_req *c = g_slots[i].c;
+        if (!c || c->srv != s || !c->suspended || c->unwatched) continue;
+        int fd = conn_fd(c);
+        if (fd < 0) continue;
+        if (n == *cap) {
+            int nc = *cap * 2;
+            struct pollfd *nf = realloc(*fds, (size_t)nc * sizeof *nf);
+            if (nf) *fds = nf;
+            uint64_t *nh = realloc(*handles, (size_t)nc * sizeof *nh);
+            if (nh) *handles = nh;
+            if (!nf || !nh) break;   /* watch what fits; the rest next round */
+            *cap = nc;
         }
+        (*fds)[n] = (struct pollfd){.fd = fd, .events = POLLRDHUP};
+        (*handles)[n] = c->handle;
+        n++;
     }
     pthread_mutex_unlock(&g_mu);
-    return gone;
+    (*fds)[0] = (struct pollfd){.fd = s->watch_pipe[0], .events = POLLIN};
+    return n;
+}
+
+/* A socket that reported a hang-up: is the peer really gone (EOF or an
+ * error, not data still unread)? The connection is suspended, so its fd
+ * cannot be closed under us: call with the lock held. */
+static bool peer_closed(int fd)
+{
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static void *watcher_main(void *arg)
+{
+    dol_server *s = arg;
+    int cap = 64, n;
+    struct pollfd *fds = malloc((size_t)cap * sizeof *fds);
+    uint64_t *handles = malloc((size_t)cap * sizeof *handles);
+    while (fds && handles && (n = watch_set(s, &fds, &handles, &cap)) > 0) {
+        if (poll(fds, (nfds_t)n, -1) < 0) continue;
+        if (fds[0].revents) {
+            char buf[64];
+            while (read(s->watch_pipe[0], buf, sizeof buf) > 0) {}
+        }
+        pthread_mutex_lock(&g_mu);
+        for (int i = 1; i < n; i++) {
+            if (!fds[i].revents) continue;
+            dol_http_req *c = dol_http_lookup(handles[i]);
+            /* only a connection still suspended on that very socket */
+            if (!c || !c->suspended || conn_fd(c) != fds[i].fd) continue;
+            /* either way, not polled again until it is next suspended: a
+             * half-close behind unread data, or a hang-up already acted on */
+            c->unwatched = true;
+            if (peer_closed(fds[i].fd))
+                for (int k = 0; k < c->n_submitted; k++) dol_request_cancel(c->reqs[k]);
+        }
+        pthread_mutex_unlock(&g_mu);
+    }
+    free(fds);
+    free(handles);
+    return NULL;
+}
+
+int dol_http_watch_start(dol_server *s, char *err, size_t errlen)
+{
+    if (pipe2(s->watch_pipe, O_NONBLOCK | O_CLOEXEC) != 0) {
+        dol_set_err(err, errlen, "cannot create the disconnect watcher's pipe: %s",
+                    strerror(errno));
+        return -1;
+    }
+    int rc = pthread_create(&s->watcher, NULL, watcher_main, s);
+    if (rc != 0) {
+        close(s->watch_pipe[0]);
+        close(s->watch_pipe[1]);
+        dol_set_err(err, errlen, "cannot start the disconnect watcher: %s", strerror(rc));
+        return -1;
+    }
+    return 0;
 }

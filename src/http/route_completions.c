@@ -599,7 +599,6 @@ int dol_http_gen_add(dol_http_req *c, const dol_http_attached *a,
                                                        : 0;
     snprintf(r->id, sizeof r->id, "%s", c->id);
     r->on_event = dol_http_on_event;
-    r->client_gone = dol_http_client_gone;
     r->user = (void *)(uintptr_t)c->handle;
     if (dol_request_alloc_choices(r)) return oom(e);
     return 0;

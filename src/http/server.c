@@ -592,15 +592,21 @@ int dol_server_start(const dol_config *cfg, dol_server **out, char *err, size_t 
     }
     if (!s->daemon) {
         close(fd);
-        pthread_cond_destroy(&s->idle_cv);
-        pthread_mutex_destroy(&s->idle_mu);
-        pthread_mutex_destroy(&s->mu);
-        free(s);
         dol_set_err(err, errlen, "cannot start the HTTP server on %s:%d", cfg->host, cfg->port);
-        return -1;
+        goto fail;
+    }
+    if (dol_http_watch_start(s, err, errlen) != 0) {
+        MHD_stop_daemon(s->daemon);   /* closes the listening socket too */
+        goto fail;
     }
     *out = s;
     return 0;
+fail:
+    pthread_cond_destroy(&s->idle_cv);
+    pthread_mutex_destroy(&s->idle_mu);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return -1;
 }
 
 void dol_server_attach(dol_server *s, const dol_model *model,

@@ -84,15 +84,7 @@ static void notify(dol_request *r)
     if (r->on_event) r->on_event(r, r->user);
 }
 
-static bool request_gone(dol_request *r)
-{
-    if (atomic_load(&r->cancelled)) return true;
-    if (r->client_gone && r->client_gone(r, r->user)) {
-        atomic_store(&r->cancelled, true);
-        return true;
-    }
-    return false;
-}
+static bool request_gone(dol_request *r) { return atomic_load(&r->cancelled); }
 
 /* Blocks a request needs at admission: every choice reserves room for its
  * prompt plus max_tokens up front (no preemption needed later); choices
