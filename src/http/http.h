@@ -35,7 +35,8 @@ struct dol_server {
     const dol_tokenizer *tok;
     dol_scheduler *sched;
 
-    /* readiness memory watch (src/http/routes_info.c, under its own lock) */
+    /* readiness memory watch (src/http/routes_info.c), under watch_mu */
+    pthread_mutex_t watch_mu;
     bool mem_above;              /* above vram_unready_ratio at the last sample */
     double mem_above_since_ms;   /* since when, continuously */
     bool mem_unready;            /* above for vram_unready_after_s: /healthz 503 */

@@ -99,8 +99,6 @@ static double age_ms(double since, double now)
 
 /* ---- the memory watch ---------------------------------------------------- */
 
-static pthread_mutex_t g_watch_mu = PTHREAD_MUTEX_INITIALIZER;
-
 /* Feed one memory sample to the hysteresis: memory use must stay above
  * vram_unready_ratio for vram_unready_after_s (every sample above it) before
  * readiness drops; the first sample at or below it restores it. Transitions
@@ -113,7 +111,7 @@ static double watch_memory(dol_server *s, const dol_scheduler_stats *st, double 
     bool above = ratio > cfg->vram_unready_ratio;
     int changed = 0;   /* +1 became unready, -1 became ready again */
     double above_ms = 0;
-    pthread_mutex_lock(&g_watch_mu);
+    pthread_mutex_lock(&s->watch_mu);
     if (above) {
         if (!s->mem_above) {
             s->mem_above = true;
@@ -130,7 +128,7 @@ static double watch_memory(dol_server *s, const dol_scheduler_stats *st, double 
         s->mem_unready = false;
     }
     *unready = s->mem_unready;
-    pthread_mutex_unlock(&g_watch_mu);
+    pthread_mutex_unlock(&s->watch_mu);
     if (changed)
         dol_log(changed > 0 ? DOL_LOG_WARN : DOL_LOG_INFO,
                 changed > 0 ? "memory_unready" : "memory_ready",
@@ -154,9 +152,9 @@ void dol_http_readiness_get(dol_server *s, dol_http_readiness *r)
         r->progress_age_ms = r->st.idle ? 0 : age_ms(r->st.last_progress_ms, now);
         r->stalled = r->progress_age_ms > STALL_READY_MS || r->loop_age_ms > STALL_READY_MS;
     } else {
-        pthread_mutex_lock(&g_watch_mu);
+        pthread_mutex_lock(&s->watch_mu);
         r->mem_unready = s->mem_unready;
-        pthread_mutex_unlock(&g_watch_mu);
+        pthread_mutex_unlock(&s->watch_mu);
     }
     r->ready = r->state == DOL_STATE_READY && r->have_sched && !r->mem_unready && !r->stalled;
 }

@@ -567,6 +567,7 @@ int dol_server_start(const dol_config *cfg, dol_server **out, char *err, size_t 
     atomic_init(&s->inflight, 0);
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->idle_mu, NULL);
+    pthread_mutex_init(&s->watch_mu, NULL);
     dol_cond_init(&s->idle_cv);
 
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME |
@@ -602,6 +603,7 @@ int dol_server_start(const dol_config *cfg, dol_server **out, char *err, size_t 
     *out = s;
     return 0;
 fail:
+    pthread_mutex_destroy(&s->watch_mu);
     pthread_cond_destroy(&s->idle_cv);
     pthread_mutex_destroy(&s->idle_mu);
     pthread_mutex_destroy(&s->mu);
@@ -662,6 +664,7 @@ void dol_server_stop(dol_server *s)
      * (their handlers then see `stopping` and close). */
     dol_http_stop_all(s);
     MHD_stop_daemon(s->daemon);
+    pthread_mutex_destroy(&s->watch_mu);
     pthread_cond_destroy(&s->idle_cv);
     pthread_mutex_destroy(&s->idle_mu);
     pthread_mutex_destroy(&s->mu);
