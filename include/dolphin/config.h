@@ -58,7 +58,7 @@ typedef struct {
     float top_p;                 /* default 1.0 */
     int top_k;                   /* default 0 (off) */
     int max_tokens;              /* default 16 */
-    /* scheduler (SPEC §4) */
+    /* scheduler */
     int batch_window_ms;         /* default 50 */
     int max_batch_size;          /* default 8 */
     dol_batch_mode batch_mode;   /* continuous | static (default continuous) */

@@ -117,7 +117,7 @@ int dol_engine_seq_reserve(dol_engine *e, int seq, int n_tokens);
  * its kv_block_size positions and offered it with dol_engine_seq_commit; it
  * is then keyed by its tokens and by the cached block before it, so a hit
  * is exact: the K/V of a position depend only on the tokens up to it
- * (batch invariance, SPEC section 8), and a cached block stands only for
+ * (batch invariance: a sequence gets the same tokens alone or in any batch), and a cached block stands only for
  * the same tokens after the same cached blocks. Cached blocks that no
  * sequence holds stay in the pool until a sequence needs a block and the
  * free list is empty; then the least recently released goes first

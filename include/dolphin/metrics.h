@@ -1,4 +1,4 @@
-/* include/dolphin/metrics.h — the figures behind GET /metrics (SPEC §5), in
+/* include/dolphin/metrics.h — the figures behind GET /metrics (docs/deployment.md), in
  * the Prometheus text exposition format (version 0.0.4).
  *
  * Two kinds of figures:

@@ -1,7 +1,7 @@
 /* include/dolphin/model.h — a Hugging Face Llama checkpoint in memory:
  * config.json, safetensors (one file or shards with an index), memory-mapped.
  *
- * Reference: SPEC §2. Tensor names are Hugging Face's
+ * Reference: Hugging Face's LlamaForCausalLM layout. Tensor names are its own
  * (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...).
  * All matrices are row-major as stored by PyTorch's nn.Linear: a weight of
  * shape [out_features, in_features], so y = W x means
@@ -49,7 +49,7 @@ typedef struct {
     const void *data;
 } dol_tensor;
 
-/* Hyper-parameters from config.json (SPEC §2). */
+/* Hyper-parameters from config.json. */
 typedef struct {
     int hidden_size;          /* model dimension d */
     int intermediate_size;    /* SwiGLU hidden dimension */

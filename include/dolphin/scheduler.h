@@ -1,4 +1,4 @@
-/* include/dolphin/scheduler.h — requests and the dynamic batcher (SPEC §4).
+/* include/dolphin/scheduler.h — requests and the dynamic batcher (docs/architecture.md).
  *
  * The HTTP layer builds a dol_request (prompt token ids + parameters),
  * submits it, and is told through `on_event` whenever the request has new

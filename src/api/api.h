@@ -1,5 +1,5 @@
 /* src/api/api.h — private to the HTTP front end: the OpenAI-compatible API's
- * request parsing and validation, and response JSON building (SPEC §5, §8).
+ * request parsing and validation, and response JSON building (docs/api.md).
  * Pure functions over cJSON values: no sockets, no threads, no scheduler
  * calls, so each can be unit-tested on its own. src/http/ does the plumbing.
  */

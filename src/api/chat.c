@@ -1,6 +1,6 @@
 /* src/api/chat.c — chat messages: validation of the "messages" array and the
  * Llama-2 chat format, built as token ids exactly the way Meta's reference
- * `chat_completion` (llama/generation.py) builds them (SPEC §5):
+ * `chat_completion` (llama/generation.py) builds them (docs/api.md):
  *
  *   system merged into the first user turn: "<<SYS>>\n" + system +
  *       "\n<</SYS>>\n\n" + user

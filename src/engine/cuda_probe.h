@@ -1,4 +1,4 @@
-/* src/engine/cuda_probe.h — GPU utilisation for /metrics (SPEC §5), next to
+/* src/engine/cuda_probe.h — GPU utilisation for /metrics (docs/deployment.md), next to
  * the backend interface (backend.h). Device memory figures come from
  * dol_engine_memory_info (cudaMemGetInfo in the CUDA backend).
  *

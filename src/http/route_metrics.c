@@ -1,4 +1,4 @@
-/* src/http/route_metrics.c — GET /metrics (Prometheus text format, SPEC §5)
+/* src/http/route_metrics.c — GET /metrics (Prometheus text format, docs/deployment.md)
  * and the hook that records every completed HTTP request into the
  * process-wide dol_metrics (include/dolphin/metrics.h). The per-request
  * figures are the ones the request's log line carries; the gauges are read

@@ -1,5 +1,5 @@
 /* src/http/routes_info.c — the read-only endpoints: GET /v1/models,
- * GET /v1/models/{id}, GET /healthz (readiness, SPEC §5: 503 while loading,
+ * GET /v1/models/{id}, GET /healthz (readiness, docs/deployment.md: 503 while loading,
  * warming up or draining, while device memory has stayed above
  * vram_unready_ratio for vram_unready_after_s, or while the scheduler makes
  * no progress with work pending; JSON with the reasons and the memory,

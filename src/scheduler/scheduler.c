@@ -1,4 +1,4 @@
-/* src/scheduler/scheduler.c — the dynamic batcher (SPEC §4). One thread owns
+/* src/scheduler/scheduler.c — the dynamic batcher (docs/architecture.md). One thread owns
  * the engine and loops: retire cancelled / timed-out / disconnected work,
  * admit queued requests (batch window, priorities, KV-cache admission,
  * continuous or static mode), build one batch of prefill chunks and decode

@@ -1,4 +1,4 @@
-"""Streaming sends whole UTF-8 characters only (SPEC §5, §8), checked on
+"""Streaming sends whole UTF-8 characters only (docs/api.md, Streaming), checked on
 tiny-llama2 (the real Llama-2 tokenizer): a Chinese prompt, generation
 pushed by logit_bias onto byte-fallback tokens so that characters are spread
 over several tokens, read event by event. Every event must be valid UTF-8 on

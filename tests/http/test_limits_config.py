@@ -1,4 +1,4 @@
-"""Configurable request limits (issue 8, docs/robustness.md): every one at
+"""Configurable request limits (docs/robustness.md): every one at
 its default on the shared stories260K server, and lowered by flags on a
 server of its own. A request past a limit gets a 400 OpenAI-shaped error
 whose param names the field and whose message names the limit (its value

@@ -1,4 +1,4 @@
-"""Graceful shutdown (SPEC §6): with a long stream in flight, SIGTERM (or
+"""Graceful shutdown (docs/deployment.md): with a long stream in flight, SIGTERM (or
 SIGINT) turns /healthz 503 at once, new work gets 503 (connection refused
 once the process is gone), /livez still answers, the stream runs to its
 natural end, and dolphind exits 0 as soon as it is done, well within

@@ -1,4 +1,4 @@
-"""Logs, request ids and API keys (SPEC §5, §6): every log line is one
+"""Logs, request ids and API keys (docs/deployment.md): every log line is one
 key=value event with a level; every request gets one line with its id,
 route, status, token counts and timings that agree with the answer; every
 response carries X-Request-Id (errors, 404, 405, 413, 415, streams, probes,

@@ -1,5 +1,5 @@
 """GET /metrics: the Prometheus text format checked by the real promtool
-after traffic, the families of SPEC §5 with their types and units, counters
+after traffic, the families of docs/deployment.md with their types and units, counters
 and histograms that follow the traffic, gauges that agree with /healthz;
 the alert rules (promtool check rules / test rules / check config) and every
 metric name the alerts, the Grafana dashboard and the HPA use exists in the

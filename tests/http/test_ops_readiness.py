@@ -1,4 +1,4 @@
-"""Readiness (GET /healthz, SPEC §5) and liveness (GET /livez): the body's
+"""Readiness (GET /healthz, docs/deployment.md) and liveness (GET /livez): the body's
 shape and figures, and the memory hysteresis — on the CPU backend the
 KV-cache pool stands in for device memory, so a tiny pool kept full by a
 stream of long requests must turn /healthz 503 only after use has stayed

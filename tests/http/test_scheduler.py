@@ -1,4 +1,4 @@
-"""The dynamic batcher over HTTP (SPEC §4, §8): batch invariance (continuous
+"""The dynamic batcher over HTTP (docs/architecture.md): batch invariance (continuous
 and static), the batch window, priorities from API keys, 429 on a full
 queue, request timeouts, disconnects freeing their slot, KV-cache admission
 with a deliberately small cache, many requests at once, and n > 1.

@@ -1,4 +1,4 @@
-"""Idle and slow clients (issue 8), on servers of their own with a short
+"""Idle and slow clients (docs/robustness.md), on servers of their own with a short
 connection_timeout_s: connections that send nothing, stop in the middle of
 their headers or of their body neither delay other clients nor stay open
 past the timeout; a client that trickles its request with pauses shorter
