@@ -132,6 +132,12 @@ typedef struct {
     int max_queue;               /* waiting requests before 429 */
     double memory_high_watermark;/* fraction of the KV pool (default 0.80) */
     int prefill_chunk;           /* max prompt tokens of one sequence per step */
+    /* For tests. clock_ms: the clock of arrivals, the batch window and
+     * timeouts, in ms (NULL = dol_now_ms). manual: no thread of its own;
+     * the caller drives the loop with dol_scheduler_tick. */
+    double (*clock_ms)(void *ctx);
+    void *clock_ctx;
+    bool manual;
 } dol_scheduler_params;
 
 typedef struct dol_scheduler dol_scheduler;
@@ -190,6 +196,13 @@ typedef struct {
 } dol_scheduler_stats;
 
 void dol_scheduler_get_stats(dol_scheduler *s, dol_scheduler_stats *st);
+
+/* Manual mode only (params.manual; a no-op otherwise): one iteration of the
+ * scheduler's loop on the calling thread, never waiting: reap cancelled and
+ * timed-out requests; then, unless idle or inside the batch window, admit
+ * from the queue and run one step (prefill chunks and decode tokens),
+ * notifying requests of their output. Not thread-safe against itself. */
+void dol_scheduler_tick(dol_scheduler *s);
 
 #ifdef __cplusplus
 }

@@ -41,6 +41,12 @@ typedef struct {
     int (*memory_info)(void *impl, size_t *used, size_t *total);
 } dol_backend_ops;
 
+/* dol_engine_create with a given backend (the scheduler's unit tests pass a
+ * fake one); the same parameters, errors and ownership. */
+int dol_engine_create_with(const dol_backend_ops *ops, const dol_model *model,
+                           const dol_engine_params *p, dol_engine **out, char *err,
+                           size_t errlen);
+
 extern const dol_backend_ops dol_cpu_backend;
 #ifdef DOLPHIN_HAVE_CUDA
 extern const dol_backend_ops dol_cuda_backend;

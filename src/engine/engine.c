@@ -45,6 +45,13 @@ int dol_engine_create(const dol_model *model, const dol_engine_params *p,
         }
 #endif
     }
+    return dol_engine_create_with(ops, model, p, out, err, errlen);
+}
+
+int dol_engine_create_with(const dol_backend_ops *ops, const dol_model *model,
+                           const dol_engine_params *p, dol_engine **out, char *err,
+                           size_t errlen)
+{
     dol_engine *e = calloc(1, sizeof *e);
     if (!e) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
     e->ops = ops;

@@ -70,6 +70,11 @@ struct dol_scheduler {
 
 /* ---- small helpers ------------------------------------------------------- */
 
+static double now_ms(const dol_scheduler *s)
+{
+    return s->p.clock_ms ? s->p.clock_ms(s->p.clock_ctx) : dol_now_ms();
+}
+
 static void finish_request_locked(dol_request *r, int status, const char *type,
                                   const char *code, const char *msg)
 {
@@ -179,7 +184,7 @@ dol_submit_result dol_scheduler_submit(dol_scheduler *s, dol_request *r,
     }
     dol_request_retain(r);
     r->seqno = s->next_seqno++;
-    if (r->t_arrival_ms == 0) r->t_arrival_ms = dol_now_ms();
+    if (r->t_arrival_ms == 0 || s->p.clock_ms) r->t_arrival_ms = now_ms(s);
     s->queue[s->n_queue++] = r;
     s->st.queued = s->n_queue;
     pthread_cond_signal(&s->cv);
@@ -205,6 +210,8 @@ void dol_scheduler_get_stats(dol_scheduler *s, dol_scheduler_stats *st)
 
 /* ---- ending sequences and requests (scheduler thread) -------------------- */
 
+static void update_stats(dol_scheduler *s);
+
 /* End request r: free its sequences, mark done, drop the scheduler's ref. */
 static void retire_request(dol_scheduler *s, dol_request *r)
 {
@@ -224,10 +231,11 @@ static void retire_request(dol_scheduler *s, dol_request *r)
         dol_choice_out_free(&r->choices[c]);
     }
     r->done = true;
-    r->t_done_ms = dol_now_ms();
+    r->t_done_ms = now_ms(s);
     pthread_mutex_unlock(&r->mu);
     free(r->priv);
     r->priv = NULL;
+    update_stats(s);   /* whoever the answer reaches next sees it gone */
     notify(r);
     dol_request_release(r);
 }
@@ -371,7 +379,7 @@ static int admit(dol_scheduler *s, dol_request *r)
     for (int c = 0; c < r->n; c++)
         dol_choice_out_init(&r->choices[c], s->tok, r->prompt_ids, r->n_prompt);
     r->n_cached_prompt = cached;
-    r->t_start_ms = dol_now_ms();
+    r->t_start_ms = now_ms(s);
     pthread_mutex_unlock(&r->mu);
     return 0;
 }
@@ -430,7 +438,7 @@ static bool sample_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
     bool is_end = !r->ignore_eos && (id == s->eos || id == s->bos);
     bool stopped = false;
     pthread_mutex_lock(&r->mu);
-    if (r->t_first_token_ms == 0) r->t_first_token_ms = dol_now_ms();
+    if (r->t_first_token_ms == 0) r->t_first_token_ms = now_ms(s);
     int rc = dol_choice_push_token(r, &r->choices[q->choice], id, is_end,
                                    r->logprobs >= 0 ? &lp : NULL, &stopped);
     pthread_mutex_unlock(&r->mu);
@@ -656,7 +664,7 @@ static void update_stats(dol_scheduler *s);
 /* Cancelled, disconnected and timed-out requests, queued or running. */
 static void reap(dol_scheduler *s)
 {
-    double now = dol_now_ms();
+    double now = now_ms(s);
     bool reaped = false;
     /* queued */
     pthread_mutex_lock(&s->mu);
@@ -700,7 +708,7 @@ static void reap(dol_scheduler *s)
 static void sample_memory(dol_scheduler *s, bool force)
 {
     static const double EVERY_MS = 20.0;
-    double now = dol_now_ms();
+    double now = now_ms(s);
     if (!force && now - s->mem_sampled_ms < EVERY_MS) return;
     s->mem_sampled_ms = now;
     size_t used = 0, total = 0;
@@ -727,7 +735,7 @@ static void update_stats(dol_scheduler *s)
     s->st.kv_blocks_used = s->st.kv_blocks_total - dol_engine_kv_blocks_free(s->e);
     s->st.kv_blocks_cached = dol_engine_kv_blocks_cached(s->e);
     s->st.kv_block_size = dol_engine_kv_block_size(s->e);
-    s->st.last_step_ms = dol_now_ms();
+    s->st.last_step_ms = now_ms(s);
     s->st.idle = s->n_seqs == 0 && s->n_queue == 0;
     if (s->st.idle || s->n_steps != s->st.steps) s->st.last_progress_ms = s->st.last_step_ms;
     s->st.queued = s->n_queue;
@@ -745,48 +753,56 @@ static void timed_wait_ms(dol_scheduler *s, double ms)
     pthread_cond_timedwait(&s->cv, &s->mu, &until);
 }
 
-static void *scheduler_main(void *arg)
+/* One iteration of the loop: reap, then wait (idle, or the batch window)
+ * or admit and run one step. With `wait` false (manual mode) it returns
+ * instead of waiting. False once the scheduler is stopping. */
+static bool loop_once(dol_scheduler *s, bool wait)
 {
-    dol_scheduler *s = arg;
-    for (;;) {
-        reap(s);
-        pthread_mutex_lock(&s->mu);
-        if (s->stop) { pthread_mutex_unlock(&s->mu); break; }
-        if (s->n_seqs == 0) {
-            if (s->n_queue == 0) {
-                /* idle: sleep until work arrives (wake up now and then for
-                 * the heartbeat) */
-                timed_wait_ms(s, 200);
-                pthread_mutex_unlock(&s->mu);
-                sample_memory(s, false);
-                update_stats(s);
-                continue;
-            }
-            /* Batch window: the first waiting request waits up to
-             * batch_window_ms for company, unless a full batch is waiting. */
-            double oldest = 1e300;
-            int waiting_seqs = 0;
-            for (int i = 0; i < s->n_queue; i++) {
-                if (s->queue[i]->t_arrival_ms < oldest) oldest = s->queue[i]->t_arrival_ms;
-                waiting_seqs += s->queue[i]->n;
-            }
-            double left = oldest + s->p.batch_window_ms - dol_now_ms();
-            if (left > 0 && waiting_seqs < s->p.max_batch_size && !s->draining) {
-                timed_wait_ms(s, left < 200 ? left : 200);
-                pthread_mutex_unlock(&s->mu);
-                continue;
-            }
-        }
-        int kv_free = dol_engine_kv_blocks_free(s->e);
-        admit_from_queue(s);
+    reap(s);
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
         pthread_mutex_unlock(&s->mu);
-        sample_memory(s, dol_engine_kv_blocks_free(s->e) != kv_free);
-        update_stats(s);
-        run_step(s);
-        update_stats(s);
-        if (s->st.idle) sample_memory(s, true);   /* the last request ended */
+        return false;
     }
-    /* shutting down: end everything */
+    if (s->n_seqs == 0) {
+        if (s->n_queue == 0) {
+            /* idle: sleep until work arrives (wake up now and then for the
+             * heartbeat) */
+            if (wait) timed_wait_ms(s, 200);
+            pthread_mutex_unlock(&s->mu);
+            sample_memory(s, false);
+            update_stats(s);
+            return true;
+        }
+        /* Batch window: the first waiting request waits up to
+         * batch_window_ms for company, unless a full batch is waiting. */
+        double oldest = 1e300;
+        int waiting_seqs = 0;
+        for (int i = 0; i < s->n_queue; i++) {
+            if (s->queue[i]->t_arrival_ms < oldest) oldest = s->queue[i]->t_arrival_ms;
+            waiting_seqs += s->queue[i]->n;
+        }
+        double left = oldest + s->p.batch_window_ms - now_ms(s);
+        if (left > 0 && waiting_seqs < s->p.max_batch_size && !s->draining) {
+            if (wait) timed_wait_ms(s, left < 200 ? left : 200);
+            pthread_mutex_unlock(&s->mu);
+            return true;
+        }
+    }
+    int kv_free = dol_engine_kv_blocks_free(s->e);
+    admit_from_queue(s);
+    pthread_mutex_unlock(&s->mu);
+    sample_memory(s, dol_engine_kv_blocks_free(s->e) != kv_free);
+    update_stats(s);
+    run_step(s);
+    update_stats(s);
+    if (s->st.idle) sample_memory(s, true);   /* the last request ended */
+    return true;
+}
+
+/* Stopping: end every queued and running request with 503. */
+static void end_all(dol_scheduler *s)
+{
     pthread_mutex_lock(&s->mu);
     while (s->n_queue > 0) {
         dol_request *r = s->queue[--s->n_queue];
@@ -797,7 +813,19 @@ static void *scheduler_main(void *arg)
     pthread_mutex_unlock(&s->mu);
     while (s->n_seqs > 0)
         fail_request(s, s->seqs[0].r, 503, "service_unavailable", NULL, "the server is shutting down");
+}
+
+static void *scheduler_main(void *arg)
+{
+    dol_scheduler *s = arg;
+    while (loop_once(s, true)) {}
+    end_all(s);
     return NULL;
+}
+
+void dol_scheduler_tick(dol_scheduler *s)
+{
+    if (s->p.manual) loop_once(s, false);
 }
 
 /* ---- create / free ------------------------------------------------------- */
@@ -832,7 +860,7 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     }
     pthread_mutex_init(&s->mu, NULL);
     dol_cond_init(&s->cv);
-    s->st.last_step_ms = dol_now_ms();
+    s->st.last_step_ms = now_ms(s);
     s->st.last_progress_ms = s->st.last_step_ms;
     s->st.idle = true;
     s->st.weight_bytes = dol_engine_weight_bytes(engine);
@@ -841,7 +869,7 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
         s->st.mem_used_bytes = s->st.mem_total_bytes = 0;
     s->st.kv_blocks_total = dol_engine_kv_blocks_total(engine);
     s->st.kv_block_size = dol_engine_kv_block_size(engine);
-    if (pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {
+    if (!s->p.manual && pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {
         dol_set_err(err, errlen, "scheduler: cannot start its thread");
         free(s->lp_scratch);
         free(s->items);
@@ -860,7 +888,8 @@ void dol_scheduler_free(dol_scheduler *s)
     s->stop = true;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thread, NULL);
+    if (s->p.manual) end_all(s);
+    else pthread_join(s->thread, NULL);
     free(s->queue);
     free(s->seqs);
     free(s->items);
