@@ -257,7 +257,8 @@ cJSON *dol_api_chat_logprobs_json(const dol_tokenizer *tok,
 
 /* A JSON string from n bytes of text. The text is meant to be valid UTF-8
  * already; should a byte slip through that is not, it becomes U+FFFD so the
- * JSON stays valid. NULL on OOM. */
+ * JSON stays valid. So does a NUL byte (the model can generate one), which
+ * would otherwise end the string early. NULL on OOM. */
 cJSON *dol_api_string_n(const char *s, size_t n);
 /* A JSON array of token ids. NULL on OOM. */
 cJSON *dol_api_ids_json(const int32_t *ids, int n);

@@ -30,9 +30,12 @@ static int get_int(const cJSON *v, const char *name, int64_t lo, int64_t hi,
     }
     double d = v->valuedouble;
     if (d < (double)lo || d > (double)hi) {
-        if (hi >= MAX_SAFE_INT)
+        if (hi >= MAX_SAFE_INT && d < (double)lo)
             dol_api_error_invalid(e, name, "'%s' must be >= %lld (got %.0f).",
                                   name, (long long)lo, d);
+        else if (hi >= MAX_SAFE_INT)
+            dol_api_error_invalid(e, name, "'%s' must be at most %lld (got %.0f).",
+                                  name, (long long)hi, d);
         else
             dol_api_error_invalid(e, name,
                                   "'%s' must be between %lld and %lld (got %.0f).",

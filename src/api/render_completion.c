@@ -16,13 +16,14 @@ static size_t utf8_seq(const char *s, size_t n)
     return k && k <= n && dol_api_utf8_valid(s, k) ? k : 0;
 }
 
+/* NUL becomes U+FFFD too: cJSON's strings end at the first NUL. */
 cJSON *dol_api_string_n(const char *s, size_t n)
 {
     char *tmp = malloc(3 * n + 1);
     if (!tmp) return NULL;
     size_t o = 0;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq(s + i, n - i);
+        size_t k = s[i] ? utf8_seq(s + i, n - i) : 0;
         if (k) {
             memcpy(tmp + o, s + i, k);
             o += k;

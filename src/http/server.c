@@ -138,7 +138,9 @@ static void error_headers(dol_http_req *c, struct MHD_Response *resp, int status
         const char *allow = post ? "POST" : "GET, HEAD";
         MHD_add_response_header(resp, "Allow", allow);
     }
-    if (status == 413 || status == 414 || status == 431)
+    /* the connection's byte stream cannot be trusted after these */
+    if (status == 413 || status == 414 || status == 431 ||
+        (status == 400 && c->head_status == 400))
         MHD_add_response_header(resp, "Connection", "close");
 }
 
@@ -238,15 +240,19 @@ static void copy_method(char *dst, size_t n, const char *m)
 {
     size_t o = 0;
     for (; m && *m && o + 1 < n; m++)
-        dst[o++] = (*m >= 'A' && *m <= 'Z') ? *m : '?';
+        dst[o++] = ((*m >= 'A' && *m <= 'Z') || (*m >= 'a' && *m <= 'z')) ? *m : '?';
     dst[o] = '\0';
 }
 
 const char *dol_http_bearer_key(struct MHD_Connection *conn)
 {
-    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
+    const char *h = NULL;
+    size_t len = 0;
+    if (MHD_lookup_connection_value_n(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
+                                      strlen(MHD_HTTP_HEADER_AUTHORIZATION), &h, &len) != MHD_YES)
+        return NULL;
+    /* a NUL inside the value would make a prefix of it pass as the key */
+    if (!h || strlen(h) != len || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
     h += 7;
     while (*h == ' ') h++;
     return *h ? h : NULL;
@@ -270,25 +276,69 @@ static const char *printable(const char *s, char *buf, size_t n)
     return buf;
 }
 
+typedef struct {
+    size_t bytes;                /* key + value + separators, added up */
+    int n_length;                /* Content-Length headers */
+    bool lengths_differ, chunked;
+    const char *length;          /* the first Content-Length */
+} head_info;
+
 static enum MHD_Result add_size(void *cls, enum MHD_ValueKind kind, const char *key,
                                 const char *value)
 {
-    (void)kind;
-    size_t *n = cls;
-    *n += strlen(key) + (value ? strlen(value) : 0) + 4;   /* "k: v\r\n", "k=v&" */
+    head_info *h = cls;
+    h->bytes += strlen(key) + (value ? strlen(value) : 0) + 4;   /* "k: v\r\n", "k=v&" */
+    if (kind != MHD_HEADER_KIND || !value) return MHD_YES;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+        if (h->n_length++ && strcmp(h->length, value) != 0) h->lengths_differ = true;
+        if (h->n_length == 1) h->length = value;
+    } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        h->chunked = true;
+    }
     return MHD_YES;
 }
 
 /* 414 when the request target (path and query) is longer than
  * MAX_TARGET_BYTES, 431 when the headers add up to more than
- * MAX_HEADER_BYTES, else 0. */
+ * MAX_HEADER_BYTES, 400 when the body's length is ambiguous (Content-Length
+ * headers that differ, or one beside Transfer-Encoding: a request
+ * smuggling pattern, refused as RFC 9112 says), else 0. */
 static int head_status(struct MHD_Connection *conn, const char *url)
 {
-    size_t target = strlen(url), headers = 0;
+    head_info target = {.bytes = strlen(url)}, headers = {0};
     MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, add_size, &target);
-    if (target > MAX_TARGET_BYTES) return 414;
+    if (target.bytes > MAX_TARGET_BYTES) return 414;
     MHD_get_connection_values(conn, MHD_HEADER_KIND, add_size, &headers);
-    return headers > MAX_HEADER_BYTES ? 431 : 0;
+    if (headers.bytes > MAX_HEADER_BYTES) return 431;
+    if (headers.lengths_differ || (headers.n_length && headers.chunked)) return 400;
+    return 0;
+}
+
+/* libmicrohttpd's percent-decoding, except that %00 stays as it is: a NUL
+ * in the path would cut it short ("/v1/models/x%00y" read as model x). */
+static int hexval(char ch)
+{
+    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+         : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *s)
+{
+    (void)cls; (void)conn;
+    char *w = s;
+    for (const char *r = s; *r;) {
+        int h1 = r[0] == '%' ? hexval(r[1]) : -1;
+        int h2 = h1 >= 0 ? hexval(r[2]) : -1;
+        int v = h2 >= 0 ? h1 * 16 + h2 : 0;
+        if (v > 0) {
+            *w++ = (char)v;
+            r += 3;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
 }
 
 static enum MHD_Result dispatch(dol_http_req *c, const char *url)
@@ -298,6 +348,12 @@ static enum MHD_Result dispatch(dol_http_req *c, const char *url)
         dol_api_error_set(&e, 414, "invalid_request_error", NULL, "uri_too_long",
                           "The request URI is longer than the limit of %d bytes.",
                           MAX_TARGET_BYTES);
+        return dol_http_send_error(c, &e);
+    }
+    if (c->head_status == 400) {
+        dol_api_error_set(&e, 400, "invalid_request_error", NULL, "ambiguous_body_length",
+                          "The request has Content-Length headers that differ, or one "
+                          "beside Transfer-Encoding.");
         return dol_http_send_error(c, &e);
     }
     if (c->head_status == 431) {
@@ -428,9 +484,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
             unsigned long long v = strtoull(cl, &end, 10);
             if (errno == ERANGE || v > s->cfg->max_body_bytes) {
                 c->too_large = true;
-                /* The client waits for "100 Continue": answer now instead,
-                 * before any of the body is sent. */
-                if (expects_continue(conn)) {
+                /* The client waits for "100 Continue", or the body is past
+                 * what would be read and discarded anyway: answer now,
+                 * before any of the body (and close). */
+                if (expects_continue(conn) || errno == ERANGE || v > DISCARD_LIMIT) {
                     if (find_route(url) >= 0)
                         snprintf(c->route, sizeof c->route, "%s", ROUTES[find_route(url)].label);
                     dol_api_error e;
@@ -580,6 +637,7 @@ int dol_server_start(const dol_config *cfg, dol_server **out, char *err, size_t 
             MHD_OPTION_LISTEN_SOCKET, fd,
             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_MEMORY_LIMIT,
+            MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
             /* Idle and slow clients cannot hold the server: a connection
              * without traffic for connection_timeout_s is closed (suspended
              * ones, waiting for the model, are exempt), and at most

@@ -302,3 +302,21 @@ def test_harmless_values_accepted(server):
                  {"return_token_ids": False}):
         r = server.complete({"prompt": "x", "max_tokens": 2, **body})
         assert r.status_code == 200, (body, r.text)
+
+
+def test_nul_byte_token_does_not_cut_the_text(server):
+    """The <0x00> byte token (id 3) can be generated: it shows as U+FFFD and
+    the text after it is kept, whole and streamed alike."""
+    body = {"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0,
+            "logit_bias": {"3": 22}, "return_token_ids": True, "ignore_eos": True}
+    r = server.complete(body)
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    ids = ch["token_ids"]
+    assert 3 in ids and ids.index(3) < len(ids) - 3, ids
+    after = server.post("/detokenize", {"tokens": ids[ids.index(3) + 1:]}).json()["prompt"]
+    assert ch["text"].endswith(after.strip()), (ch["text"], after)
+    assert "\ufffd" in ch["text"]
+    events, done = parse_sse(server.complete({**body, "stream": True}, stream=True))
+    assert done and stream_texts(events)[0] == ch["text"]
+    assert server.post("/detokenize", {"tokens": [12, 3, 13]}).json()["prompt"] == "\t\ufffd\n"
