@@ -15,8 +15,10 @@
 #include "dolphin/log.h"
 #include "scheduler/request_priv.h"
 
-/* One running sequence: a choice of a request. */
+/* One running sequence: a choice of a request. Sequences live in slots that
+ * keep their index until the request retires (`used` false = a free slot). */
 typedef struct {
+    bool used;
     dol_request *r;
     int choice;
     int seq;              /* engine sequence id */
@@ -36,6 +38,7 @@ typedef struct {
 typedef struct {
     int n_live;           /* choices not yet finished */
     bool admitted;
+    int slot[];           /* n entries once admitted: each choice's slot */
 } req_priv;
 
 struct dol_scheduler {
@@ -55,10 +58,15 @@ struct dol_scheduler {
     uint64_t next_seqno;
 
     /* owned by the scheduler thread */
-    seq_t *seqs;          /* running sequences */
-    int n_seqs, cap_seqs;
-    bool static_batch_open; /* static mode: a batch is running */
+    seq_t *seqs;          /* slots of the running sequences, [0, n_slots) */
+    int n_slots, cap_slots;
+    int n_used;           /* slots in use */
+    /* per-step buffers, max_batch_size entries (one item per live sequence) */
     dol_batch_item *items;
+    int *item_slot;       /* the slot of each item */
+    float **item_rows;    /* an echo-with-logprobs prefill chunk's logits rows */
+    dol_request **step_reqs;  /* each item's request, retained for the step */
+    dol_request **touched;    /* requests with new output this step */
     dol_sampler *sampler;
     float *lp_scratch;
 
@@ -109,9 +117,9 @@ static int blocks_needed(const dol_scheduler *s, const dol_request *r)
 static int blocks_owed(const dol_scheduler *s)
 {
     int owed = 0;
-    for (int i = 0; i < s->n_seqs; i++) {
+    for (int i = 0; i < s->n_slots; i++) {
         const seq_t *q = &s->seqs[i];
-        if (!q->waiting_fork) continue;
+        if (!q->used || !q->waiting_fork) continue;
         const dol_request *r = q->r;
         int total = r->n_prompt + r->max_tokens;
         if (total > s->ctx) total = s->ctx;
@@ -176,7 +184,7 @@ dol_submit_result dol_scheduler_submit(dol_scheduler *s, dol_request *r,
         s->queue = q;
         s->cap_queue = cap;
     }
-    r->priv = calloc(1, sizeof(req_priv));
+    r->priv = calloc(1, sizeof(req_priv) + sizeof(int) * (size_t)r->n);
     if (!r->priv) {
         pthread_mutex_unlock(&s->mu);
         dol_set_err(err, errlen, "out of memory");
@@ -212,18 +220,24 @@ void dol_scheduler_get_stats(dol_scheduler *s, dol_scheduler_stats *st)
 
 static void update_stats(dol_scheduler *s);
 
+/* Free slot i: its engine sequence and buffers. */
+static void slot_free(dol_scheduler *s, int i)
+{
+    seq_t *q = &s->seqs[i];
+    dol_engine_seq_free(s->e, q->seq);
+    free(q->tokens);
+    free(q->logits);
+    free(q->plps);
+    memset(q, 0, sizeof *q);
+    s->n_used--;
+}
+
 /* End request r: free its sequences, mark done, drop the scheduler's ref. */
 static void retire_request(dol_scheduler *s, dol_request *r)
 {
-    for (int i = 0; i < s->n_seqs;) {
-        seq_t *q = &s->seqs[i];
-        if (q->r != r) { i++; continue; }
-        dol_engine_seq_free(s->e, q->seq);
-        free(q->tokens);
-        free(q->logits);
-        free(q->plps);
-        s->seqs[i] = s->seqs[--s->n_seqs];
-    }
+    req_priv *rp = r->priv;
+    if (rp->admitted)
+        for (int c = 0; c < r->n; c++) slot_free(s, rp->slot[c]);
     pthread_mutex_lock(&r->mu);
     for (int c = 0; c < r->n; c++) {
         if (r->choices[c].finish == DOL_FINISH_NONE)
@@ -274,16 +288,20 @@ static bool finish_choice(dol_scheduler *s, seq_t *q, dol_finish_reason why)
 
 /* ---- admission ----------------------------------------------------------- */
 
-static int seq_push(dol_scheduler *s, dol_request *r, int choice)
+/* A new sequence for choice `choice` of r in a free slot; the slot's
+ * index, or -1 on OOM. */
+static int slot_new(dol_scheduler *s, dol_request *r, int choice)
 {
-    if (s->n_seqs == s->cap_seqs) {
-        int cap = s->cap_seqs ? s->cap_seqs * 2 : 16;
+    int i = 0;
+    while (i < s->n_slots && s->seqs[i].used) i++;
+    if (i == s->cap_slots) {
+        int cap = s->cap_slots ? s->cap_slots * 2 : 16;
         seq_t *n = realloc(s->seqs, sizeof *n * (size_t)cap);
         if (!n) return -1;
         s->seqs = n;
-        s->cap_seqs = cap;
+        s->cap_slots = cap;
     }
-    seq_t *q = &s->seqs[s->n_seqs];
+    seq_t *q = &s->seqs[i];
     memset(q, 0, sizeof *q);
     q->r = r;
     q->choice = choice;
@@ -305,15 +323,17 @@ static int seq_push(dol_scheduler *s, dol_request *r, int choice)
     memcpy(q->tokens, r->prompt_ids, sizeof(int32_t) * (size_t)r->n_prompt);
     q->n_tokens = r->n_prompt;
     dol_rng_seed(&q->rng, r->seed + (uint64_t)choice);
-    s->n_seqs++;
-    return 0;
+    q->used = true;
+    if (i == s->n_slots) s->n_slots++;
+    s->n_used++;
+    return i;
 }
 
 static int live_seqs(const dol_scheduler *s)
 {
     int n = 0;
-    for (int i = 0; i < s->n_seqs; i++)
-        if (!s->seqs[i].finished) n++;
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->seqs[i].used && !s->seqs[i].finished) n++;
     return n;
 }
 
@@ -347,20 +367,15 @@ static int admit(dol_scheduler *s, dol_request *r)
         dol_engine_seq_free(s->e, seq);
         return -1;
     }
+    req_priv *rp = r->priv;
     for (int c = 0; c < r->n; c++) {
-        if (seq_push(s, r, c) != 0) {
-            /* out of memory: undo */
-            for (int i = 0; i < s->n_seqs;)
-                if (s->seqs[i].r == r) {
-                    free(s->seqs[i].tokens);
-                    free(s->seqs[i].logits);
-                    free(s->seqs[i].plps);
-                    s->seqs[i] = s->seqs[--s->n_seqs];
-                } else i++;
+        rp->slot[c] = slot_new(s, r, c);
+        if (rp->slot[c] < 0) {   /* out of memory: undo */
+            for (int k = 0; k < c; k++) slot_free(s, rp->slot[k]);
             dol_engine_seq_free(s->e, seq);
             return -1;
         }
-        seq_t *q = &s->seqs[s->n_seqs - 1];
+        seq_t *q = &s->seqs[rp->slot[c]];
         if (c == 0) {
             q->seq = seq;
             q->n_past = cached;
@@ -372,7 +387,6 @@ static int admit(dol_scheduler *s, dol_request *r)
     s->n_prefix_hit_tokens += (uint64_t)cached;
     if (dol_engine_kv_prefix_caching(s->e) && !r->echo_logprobs)
         s->n_prefix_query_tokens += (uint64_t)r->n_prompt;
-    req_priv *rp = r->priv;
     rp->n_live = r->n;
     rp->admitted = true;
     pthread_mutex_lock(&r->mu);
@@ -395,7 +409,7 @@ static double kv_use(const dol_scheduler *s, int owed)
 static void admit_from_queue(dol_scheduler *s)
 {
     int running = live_seqs(s);
-    if (s->p.mode == DOL_BATCH_STATIC && s->n_seqs > 0) return; /* batch runs to the end */
+    if (s->p.mode == DOL_BATCH_STATIC && s->n_used > 0) return; /* batch runs to the end */
     while (s->n_queue > 0) {
         int i = pick_next(s);
         dol_request *r = s->queue[i];
@@ -458,11 +472,12 @@ static bool sample_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
 static void fork_choices(dol_scheduler *s, seq_t *first)
 {
     dol_request *r = first->r;
+    req_priv *rp = r->priv;
     int total = r->n_prompt + r->max_tokens;
     if (total > s->ctx) total = s->ctx;
-    for (int i = 0; i < s->n_seqs; i++) {
-        seq_t *q = &s->seqs[i];
-        if (q->r != r || !q->waiting_fork) continue;
+    for (int c = 1; c < r->n; c++) {
+        seq_t *q = &s->seqs[rp->slot[c]];
+        if (!q->waiting_fork) continue;
         int seq = dol_engine_seq_fork(s->e, first->seq, r->n_prompt);
         if (seq >= 0 && dol_engine_seq_reserve(s->e, seq, total) != 0) {
             dol_engine_seq_free(s->e, seq);
@@ -476,7 +491,7 @@ static void fork_choices(dol_scheduler *s, seq_t *first)
             pthread_mutex_lock(&r->mu);
             r->choices[q->choice].finish = DOL_FINISH_ERROR;
             pthread_mutex_unlock(&r->mu);
-            ((req_priv *)r->priv)->n_live--;   /* choice 0 is live: never 0 here */
+            rp->n_live--;   /* choice 0 is live: never 0 here */
             dol_log(DOL_LOG_ERROR, "fork_failed", "request_id=%s choice=%d", r->id, q->choice);
             continue;
         }
@@ -517,42 +532,39 @@ static void record_prompt_logprobs(dol_scheduler *s, seq_t *q, const dol_batch_i
  * row of vocab logits (128 x 32000 floats = 16 MiB). */
 #define ECHO_LOGPROBS_CHUNK 128
 
-static void run_step(dol_scheduler *s)
+/* Build the step's batch into s->items: a prefill chunk for each sequence
+ * still reading its prompt, one token for the others. The token budget is
+ * every decode token plus up to prefill_chunk prompt tokens (the engine's
+ * workspace is sized for that); decodes go first so that a long prompt
+ * never stalls the running sequences. Returns the number of items. */
+static int build_batch(dol_scheduler *s)
 {
-    /* Build the batch: a prefill chunk for sequences still reading their
-     * prompt, one token for the others. */
-    /* Token budget of one step: every decode token, plus up to
-     * prefill_chunk prompt tokens (the engine's workspace is sized for
-     * prefill_chunk + max_batch_size). Decodes go first so a long prompt
-     * never stalls the running sequences. */
     int n_items = 0, budget = s->p.prefill_chunk;
-    int *owner = malloc(sizeof(int) * (size_t)(s->n_seqs ? s->n_seqs : 1));
-    /* per item: every-token logits of an echo-with-logprobs prefill chunk */
-    float **rows = calloc((size_t)(s->n_seqs ? s->n_seqs : 1), sizeof *rows);
-    if (!owner || !rows) { free(owner); free(rows); return; }
     /* Static mode behaves as if prompts were padded to the longest one: no
      * member starts decoding before every member's prompt is in. (The
      * padding itself is never computed: the engine needs none.) */
     bool hold_decodes = false;
     if (s->p.mode == DOL_BATCH_STATIC)
-        for (int i = 0; i < s->n_seqs; i++)
-            if (!s->seqs[i].finished && s->seqs[i].n_past < s->seqs[i].r->n_prompt &&
-                !s->seqs[i].waiting_fork)
+        for (int i = 0; i < s->n_slots; i++) {
+            const seq_t *q = &s->seqs[i];
+            if (q->used && !q->finished && !q->waiting_fork && q->n_past < q->r->n_prompt)
                 hold_decodes = true;
+        }
     for (int pass = hold_decodes ? 1 : 0; pass < 2; pass++) {
-        for (int i = 0; i < s->n_seqs; i++) {
+        for (int i = 0; i < s->n_slots && n_items < s->p.max_batch_size; i++) {
             seq_t *q = &s->seqs[i];
-            if (q->finished || q->waiting_fork) continue;
+            if (!q->used || q->finished || q->waiting_fork) continue;
             int n = q->n_tokens - q->n_past;
             bool decode = q->n_past >= q->r->n_prompt;
             if (n <= 0 || decode != (pass == 0)) continue;
+            float *rows = NULL;
             if (!decode) {
                 if (n > budget) n = budget;
                 if (q->plps && n > ECHO_LOGPROBS_CHUNK) n = ECHO_LOGPROBS_CHUNK;
                 if (n <= 0) continue;
                 if (q->plps) {
-                    rows[n_items] = malloc(sizeof(float) * (size_t)n * (size_t)s->vocab);
-                    if (!rows[n_items]) continue;   /* out of memory: next step */
+                    rows = malloc(sizeof(float) * (size_t)n * (size_t)s->vocab);
+                    if (!rows) continue;   /* out of memory: next step */
                 }
                 budget -= n;
             }
@@ -562,101 +574,105 @@ static void run_step(dol_scheduler *s)
             it->tokens = q->tokens + q->n_past;
             it->start_pos = q->n_past;
             it->n_logits = q->n_past + n == q->n_tokens ? 1 : 0;
-            it->logits = q->logits;
-            if (rows[n_items]) {
-                it->n_logits = n;
-                it->logits = rows[n_items];
-            }
-            owner[n_items++] = i;
+            it->logits = rows ? rows : q->logits;
+            if (rows) it->n_logits = n;
+            s->item_rows[n_items] = rows;
+            s->item_slot[n_items++] = i;
         }
     }
-    if (n_items == 0) { free(owner); free(rows); return; }
+    return n_items;
+}
 
+/* The forward pass over the batch. On failure every request of the batch
+ * ends with a 500. 0 or -1. */
+static int forward(dol_scheduler *s, int n_items)
+{
     char err[DOL_ERR_LEN];
-    if (dol_engine_forward(s->e, s->items, n_items, err, sizeof err) != 0) {
-        dol_log(DOL_LOG_ERROR, "forward_failed", "error=\"%s\"", err);
-        /* fail every request in the batch */
-        for (int k = 0; k < n_items; k++) {
-            if (owner[k] >= s->n_seqs) continue;
-            dol_request *r = s->seqs[owner[k]].r;
-            fail_request(s, r, 500, "server_error", NULL, "internal error in the forward pass");
-            /* the seq array changed: stop here, the rest are retried next step */
-            break;
-        }
-        for (int k = 0; k < n_items; k++) free(rows[k]);
-        free(owner);
-        free(rows);
-        return;
+    if (dol_engine_forward(s->e, s->items, n_items, err, sizeof err) == 0) {
+        s->n_steps++;
+        return 0;
     }
-    s->n_steps++;
-
-    /* Requests touched this step, notified after all sampling. */
-    dol_request **touched = malloc(sizeof *touched * (size_t)n_items);
-    int n_touched = 0;
-    /* Collect the seq pointers by identity: retiring a request compacts the
-     * array, so walk by request + choice instead of by index. */
-    typedef struct { dol_request *r; int choice; bool prefill_done; } ref_t;
-    ref_t *refs = malloc(sizeof *refs * (size_t)n_items);
-    if (!touched || !refs) {
-        for (int k = 0; k < n_items; k++) free(rows[k]);
-        free(touched); free(refs); free(owner); free(rows);
-        return;
-    }
+    dol_log(DOL_LOG_ERROR, "forward_failed", "error=\"%s\"", err);
     for (int k = 0; k < n_items; k++) {
-        seq_t *q = &s->seqs[owner[k]];
-        if (rows[k]) {
-            record_prompt_logprobs(s, q, &s->items[k], rows[k]);
-            free(rows[k]);
+        free(s->item_rows[k]);
+        seq_t *q = &s->seqs[s->item_slot[k]];
+        if (q->used) fail_request(s, q->r, 500, "server_error", NULL,
+                                  "internal error in the forward pass");
+    }
+    return -1;
+}
+
+/* Take the step's results in: positions computed, whole blocks offered to
+ * the prefix cache, prompt logprobs recorded. Each item's request is
+ * retained until deliver(), so that it outlives retirement. */
+static void commit(dol_scheduler *s, int n_items)
+{
+    for (int k = 0; k < n_items; k++) {
+        seq_t *q = &s->seqs[s->item_slot[k]];
+        if (s->item_rows[k]) {
+            record_prompt_logprobs(s, q, &s->items[k], s->item_rows[k]);
+            free(s->item_rows[k]);
         }
-        refs[k].prefill_done = q->n_past + s->items[k].n_tokens == q->n_tokens;
         q->n_past += s->items[k].n_tokens;
         dol_engine_seq_commit(s->e, q->seq, q->tokens, q->n_past); /* prefix cache */
-        refs[k].r = q->r;
-        refs[k].choice = q->choice;
         if (q->n_past <= q->r->n_prompt) s->n_prompt_tokens += s->items[k].n_tokens;
-        dol_request_retain(q->r); /* keep alive across retirement for notify */
+        dol_request_retain(q->r);
+        s->step_reqs[k] = q->r;
     }
-    free(owner);
-    free(rows);
+}
+
+/* Sample the next token of every sequence whose tokens are all in (a
+ * decode, or the last chunk of a prompt; n > 1 forks its choices there and
+ * they sample from the same logits). Returns the number of requests with
+ * new output, in s->touched. */
+static int sample(dol_scheduler *s, int n_items)
+{
+    int n_touched = 0;
     for (int k = 0; k < n_items; k++) {
-        if (!refs[k].prefill_done) continue;
-        seq_t *q = NULL;
-        for (int i = 0; i < s->n_seqs; i++)
-            if (s->seqs[i].r == refs[k].r && s->seqs[i].choice == refs[k].choice) { q = &s->seqs[i]; break; }
-        if (!q || q->finished) continue;
-        dol_request *r = q->r;
-        if (q->choice == 0 && q->n_past == r->n_prompt && r->n > 1) fork_choices(s, q);
-        bool t = false;
-        bool retired = false;
-        if (q->n_past == r->n_prompt && r->max_tokens == 0) {
-            retired = finish_choice(s, q, DOL_FINISH_LENGTH);
-            t = true;
-        } else {
-            retired = sample_and_emit(s, q, &t);
-        }
-        /* forked siblings sample their first token from the same logits */
-        if (!retired && q->choice == 0 && q->n_past == r->n_prompt && r->n > 1) {
-            for (int c = 1; c < r->n; c++) {
-                seq_t *sib = NULL;
-                for (int i = 0; i < s->n_seqs; i++)
-                    if (s->seqs[i].r == r && s->seqs[i].choice == c) { sib = &s->seqs[i]; break; }
-                if (!sib || sib->finished) continue;
-                if (r->max_tokens == 0) retired = finish_choice(s, sib, DOL_FINISH_LENGTH);
-                else retired = sample_and_emit(s, sib, &t);
-                if (retired) break;
+        seq_t *q = &s->seqs[s->item_slot[k]];
+        dol_request *r = s->step_reqs[k];
+        /* a slot freed by a retirement earlier in this loop */
+        if (!q->used || q->r != r || q->finished || q->n_past != q->n_tokens) continue;
+        bool forks = q->choice == 0 && q->n_past == r->n_prompt && r->n > 1;
+        if (forks) fork_choices(s, q);
+        int n_choices = forks ? r->n : 1;
+        req_priv *rp = r->priv;
+        bool t = false, retired = false;
+        for (int c = 0; c < n_choices && !retired; c++) {
+            seq_t *sq = forks ? &s->seqs[rp->slot[c]] : q;
+            if (sq->finished) continue;
+            if (sq->n_past == r->n_prompt && r->max_tokens == 0) {
+                retired = finish_choice(s, sq, DOL_FINISH_LENGTH);
+                t = true;
+            } else {
+                retired = sample_and_emit(s, sq, &t);
             }
         }
-        if (t) {
-            bool seen = false;
-            for (int j = 0; j < n_touched; j++) if (touched[j] == refs[k].r) seen = true;
-            if (!seen) touched[n_touched++] = refs[k].r;
-        }
+        if (!t) continue;
+        bool seen = false;
+        for (int j = 0; j < n_touched; j++) seen |= s->touched[j] == r;
+        if (!seen) s->touched[n_touched++] = r;
     }
+    return n_touched;
+}
+
+/* Tell the requests with new output (retired ones were told already), then
+ * drop the step's references. */
+static void deliver(dol_scheduler *s, int n_items, int n_touched)
+{
     for (int j = 0; j < n_touched; j++)
-        if (!touched[j]->done) notify(touched[j]);
-    for (int k = 0; k < n_items; k++) dol_request_release(refs[k].r);
-    free(touched);
-    free(refs);
+        if (!s->touched[j]->done) notify(s->touched[j]);
+    for (int k = 0; k < n_items; k++) dol_request_release(s->step_reqs[k]);
+}
+
+/* One step, read top to bottom like the forward pass it drives. */
+static void run_step(dol_scheduler *s)
+{
+    int n_items = build_batch(s);
+    if (n_items == 0 || forward(s, n_items) != 0) return;
+    commit(s, n_items);
+    int n_touched = sample(s, n_items);
+    deliver(s, n_items, n_touched);
 }
 
 static void update_stats(dol_scheduler *s);
@@ -684,16 +700,16 @@ static void reap(dol_scheduler *s)
     s->st.queued = s->n_queue;
     pthread_mutex_unlock(&s->mu);
     /* running */
-    for (int i = 0; i < s->n_seqs;) {
+    for (int i = 0; i < s->n_slots; i++) {
+        if (!s->seqs[i].used) continue;
         dol_request *r = s->seqs[i].r;
         bool gone = request_gone(r);
         bool late = r->timeout_ms > 0 && now - r->t_arrival_ms > r->timeout_ms;
-        if (!gone && !late) { i++; continue; }
+        if (!gone && !late) continue;
         reaped = true;
         if (gone) fail_request(s, r, 499, "cancelled", NULL, "the client closed the connection");
         else fail_request(s, r, 504, "timeout_error", "request_timeout",
                           "the request did not finish within request_timeout_s");
-        i = 0; /* the array was compacted */
     }
     /* Publish the freed blocks now: the loop may go idle (and sleep) next. */
     if (reaped) update_stats(s);
@@ -721,13 +737,9 @@ static void sample_memory(dol_scheduler *s, bool force)
 
 static void update_stats(dol_scheduler *s)
 {
-    int running_req = 0;
-    for (int i = 0; i < s->n_seqs; i++) {
-        bool first = true;
-        for (int j = 0; j < i; j++)
-            if (s->seqs[j].r == s->seqs[i].r) { first = false; break; }
-        if (first) running_req++;
-    }
+    int running_req = 0;   /* each running request holds its choice 0's slot */
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->seqs[i].used && s->seqs[i].choice == 0) running_req++;
     pthread_mutex_lock(&s->mu);
     s->st.running_seqs = live_seqs(s);
     s->st.running_requests = running_req;
@@ -736,7 +748,7 @@ static void update_stats(dol_scheduler *s)
     s->st.kv_blocks_cached = dol_engine_kv_blocks_cached(s->e);
     s->st.kv_block_size = dol_engine_kv_block_size(s->e);
     s->st.last_step_ms = now_ms(s);
-    s->st.idle = s->n_seqs == 0 && s->n_queue == 0;
+    s->st.idle = s->n_used == 0 && s->n_queue == 0;
     if (s->st.idle || s->n_steps != s->st.steps) s->st.last_progress_ms = s->st.last_step_ms;
     s->st.queued = s->n_queue;
     s->st.steps = s->n_steps;
@@ -764,7 +776,7 @@ static bool loop_once(dol_scheduler *s, bool wait)
         pthread_mutex_unlock(&s->mu);
         return false;
     }
-    if (s->n_seqs == 0) {
+    if (s->n_used == 0) {
         if (s->n_queue == 0) {
             /* idle: sleep until work arrives (wake up now and then for the
              * heartbeat) */
@@ -811,8 +823,10 @@ static void end_all(dol_scheduler *s)
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
-    while (s->n_seqs > 0)
-        fail_request(s, s->seqs[0].r, 503, "service_unavailable", NULL, "the server is shutting down");
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->seqs[i].used)
+            fail_request(s, s->seqs[i].r, 503, "service_unavailable", NULL,
+                         "the server is shutting down");
 }
 
 static void *scheduler_main(void *arg)
@@ -829,6 +843,19 @@ void dol_scheduler_tick(dol_scheduler *s)
 }
 
 /* ---- create / free ------------------------------------------------------- */
+
+static void free_buffers(dol_scheduler *s)
+{
+    free(s->queue);
+    free(s->seqs);
+    free(s->items);
+    free(s->item_slot);
+    free(s->item_rows);
+    free(s->step_reqs);
+    free(s->touched);
+    dol_sampler_free(s->sampler);
+    free(s->lp_scratch);
+}
 
 int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
                          const dol_scheduler_params *p, dol_scheduler **out,
@@ -847,16 +874,18 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     s->ctx = dol_engine_context_len(engine);
     s->eos = dol_tokenizer_eos_id(tok);
     s->bos = dol_tokenizer_bos_id(tok);
-    s->items = calloc((size_t)s->p.max_batch_size * 2 + 1, sizeof *s->items);
+    size_t b = (size_t)s->p.max_batch_size;
+    s->items = calloc(b, sizeof *s->items);
+    s->item_slot = calloc(b, sizeof *s->item_slot);
+    s->item_rows = calloc(b, sizeof *s->item_rows);
+    s->step_reqs = calloc(b, sizeof *s->step_reqs);
+    s->touched = calloc(b, sizeof *s->touched);
     s->sampler = dol_sampler_new(s->vocab);
     s->lp_scratch = malloc(sizeof(float) * (size_t)s->vocab);
-    if (!s->items || !s->sampler || !s->lp_scratch) {
-        free(s->lp_scratch);
+    if (!s->items || !s->item_slot || !s->item_rows || !s->step_reqs || !s->touched ||
+        !s->sampler || !s->lp_scratch) {
         dol_set_err(err, errlen, "scheduler: out of memory");
-        free(s->items);
-        dol_sampler_free(s->sampler);
-        free(s);
-        return -1;
+        goto fail;
     }
     pthread_mutex_init(&s->mu, NULL);
     dol_cond_init(&s->cv);
@@ -871,14 +900,16 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     s->st.kv_block_size = dol_engine_kv_block_size(engine);
     if (!s->p.manual && pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {
         dol_set_err(err, errlen, "scheduler: cannot start its thread");
-        free(s->lp_scratch);
-        free(s->items);
-        dol_sampler_free(s->sampler);
-        free(s);
-        return -1;
+        pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->mu);
+        goto fail;
     }
     *out = s;
     return 0;
+fail:
+    free_buffers(s);
+    free(s);
+    return -1;
 }
 
 void dol_scheduler_free(dol_scheduler *s)
@@ -890,11 +921,7 @@ void dol_scheduler_free(dol_scheduler *s)
     pthread_mutex_unlock(&s->mu);
     if (s->p.manual) end_all(s);
     else pthread_join(s->thread, NULL);
-    free(s->queue);
-    free(s->seqs);
-    free(s->items);
-    dol_sampler_free(s->sampler);
-    free(s->lp_scratch);
+    free_buffers(s);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
