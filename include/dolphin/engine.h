@@ -91,6 +91,10 @@ const char *dol_engine_cpu_kernels(void);
 /* Device memory of the backend in bytes (CUDA: cudaMemGetInfo; CPU: the KV
  * pool, so readiness logic is testable without a GPU). 0 / -1. */
 int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total);
+/* The share of time (0..1) over NVML's last sample period during which a
+ * kernel ran on the GPU of the CUDA backend; -1 when unknown (no NVML, the
+ * CPU backend, or a build without CUDA). Thread-safe. */
+double dol_engine_gpu_utilization(const dol_engine *e);
 /* True when the CUDA backend was compiled in. */
 bool dol_engine_cuda_built(void);
 
@@ -116,9 +120,11 @@ int dol_engine_seq_reserve(dol_engine *e, int seq, int n_tokens);
  * A block of the pool is cached once a sequence has computed the K/V of all
  * its kv_block_size positions and offered it with dol_engine_seq_commit; it
  * is then keyed by its tokens and by the cached block before it, so a hit
- * is exact: the K/V of a position depend only on the tokens up to it
- * (batch invariance: a sequence gets the same tokens alone or in any batch), and a cached block stands only for
- * the same tokens after the same cached blocks. Cached blocks that no
+ * is exact: the K/V of a position depend only on the tokens up to it, and
+ * a cached block stands only for the same tokens after the same cached
+ * blocks. (On the CPU backend the cached K/V are the bits the sequence
+ * would compute itself, in any batch; on CUDA they may differ from them by
+ * the rounding described at dol_engine_forward.) Cached blocks that no
  * sequence holds stay in the pool until a sequence needs a block and the
  * free list is empty; then the least recently released goes first
  * (the automatic prefix caching of vLLM, Kwon et al. 2023).
@@ -185,11 +191,20 @@ typedef struct {
 /* Run the decoder over all items at once: every weight matrix is read once
  * per call for the whole batch (matrix-matrix products over the concatenated
  * tokens, no padding). Writes K/V of the new tokens into each sequence's
- * blocks and the requested logits. Results for an item do not depend on the
- * other items: on the CPU backend bit for bit; on CUDA, cuBLAS may sum in
- * another order when the number of rows changes, so there greedy tokens are
- * what is guaranteed (and tested) to match. -1 with err on invalid input
- * (unknown sequence, position past the context, too many tokens). */
+ * blocks and the requested logits. -1 with err on invalid input (unknown
+ * sequence, position past the context, too many tokens).
+ *
+ * Batch invariance. On the CPU backend an item's results do not depend on
+ * the other items, on how its prompt was split into calls, or on how the
+ * rows were split between threads: the same bits, within one CPU kernel set
+ * (tested). On the CUDA backend they are not bit-identical: cuBLAS may
+ * choose another algorithm, hence another summation order, when the number
+ * of rows changes (and with NF4 weights a call of more than 16 rows takes
+ * another product), so an item's logits can differ from its logits alone by
+ * rounding (about 1e-6 relative; about 1e-3 with NF4 across the 16-row
+ * switch). Greedy tokens then agree except at near-ties: the CUDA tests ask
+ * for the same greedy ids up to the first step whose top two logits are
+ * less than 1e-3 apart (docs/cuda.md). */
 int dol_engine_forward(dol_engine *e, dol_batch_item *items, int n_items,
                        char *err, size_t errlen);
 

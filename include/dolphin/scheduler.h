@@ -192,6 +192,8 @@ typedef struct {
      * idle ticks: the figure the readiness probe and /metrics report. */
     size_t mem_used_bytes, mem_total_bytes;
     size_t weight_bytes;     /* resident weights (dol_engine_weight_bytes) */
+    double gpu_utilization;  /* dol_engine_gpu_utilization at the last memory
+                                sample: 0..1, or -1 when unknown */
     const char *backend;     /* "cpu" | "cuda" (a static string) */
 } dol_scheduler_stats;
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/backend.h"
+#include "engine/cuda_probe.h"
 #include "engine/cpu_kernels.h"
 
 struct dol_engine {
@@ -107,6 +108,13 @@ void dol_engine_free(dol_engine *e)
 }
 
 const char *dol_engine_backend_name(const dol_engine *e) { return e->ops->name; }
+
+double dol_engine_gpu_utilization(const dol_engine *e)
+{
+    int pct = 0;
+    if (strcmp(e->ops->name, "cuda") != 0 || dol_cuda_utilization(&pct) != 0) return -1.0;
+    return pct / 100.0;
+}
 const char *dol_engine_cpu_kernels(void) { return dol_cpu_kernels_get()->name; }
 int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total)
 {

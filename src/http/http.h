@@ -155,6 +155,11 @@ void dol_http_on_event(dol_request *r, void *user);
 
 /* ---- responses (src/http/server.c) ------------------------------------ */
 
+/* Every response goes out through this: adds X-Request-Id, queues it with
+ * libmicrohttpd, takes `resp` over, and on success records the status and
+ * moves the request to `phase` (PH_RESPONDED, or PH_STREAM for SSE). */
+enum MHD_Result dol_http_queue(dol_http_req *c, int status, struct MHD_Response *resp,
+                               dol_http_phase phase);
 /* Queue a response with `body` (malloc'd, taken over; NULL = OOM -> 500),
  * Content-Type application/json and X-Request-Id. */
 enum MHD_Result dol_http_send_json(dol_http_req *c, int status, char *body);

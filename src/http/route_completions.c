@@ -411,14 +411,7 @@ static enum MHD_Result start_stream(dol_http_req *c)
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    MHD_add_response_header(resp, "X-Request-Id", c->id);
-    enum MHD_Result ret = MHD_queue_response(c->conn, 200, resp);
-    MHD_destroy_response(resp);
-    if (ret == MHD_YES) {
-        c->status = 200;
-        c->phase = PH_STREAM;
-    }
-    return ret;
+    return dol_http_queue(c, 200, resp, PH_STREAM);
 }
 
 /* ---- waiting ------------------------------------------------------------ */

@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "dolphin/metrics.h"
-#include "engine/cuda_probe.h"
 
 void dol_http_metrics_record(const dol_http_req *c, int status, int prompt_tokens,
                              int completion_tokens, double queue_ms, double ttft_ms,
@@ -64,8 +63,7 @@ enum MHD_Result dol_http_metrics(dol_http_req *c)
     g.device_memory_used = rd.st.mem_used_bytes;
     g.device_memory_total = rd.st.mem_total_bytes;
     g.weight_bytes = rd.st.weight_bytes;
-    int pct = 0;
-    g.gpu_utilization = dol_cuda_utilization(&pct) == 0 ? pct / 100.0 : -1.0;
+    g.gpu_utilization = rd.have_sched ? rd.st.gpu_utilization : -1.0;
     g.steps = rd.st.steps;
     g.heartbeat_age_s = rd.progress_age_ms / 1000.0;
 
@@ -79,12 +77,5 @@ enum MHD_Result dol_http_metrics(dol_http_req *c)
     }
     MHD_add_response_header(resp, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
-    MHD_add_response_header(resp, "X-Request-Id", c->id);
-    enum MHD_Result ret = MHD_queue_response(c->conn, 200, resp);
-    MHD_destroy_response(resp);
-    if (ret == MHD_YES) {
-        c->status = 200;
-        c->phase = PH_RESPONDED;
-    }
-    return ret;
+    return dol_http_queue(c, 200, resp, PH_RESPONDED);
 }

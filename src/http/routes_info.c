@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "dolphin/log.h"
-#include "engine/cuda_probe.h"
 
 /* The scheduler loop ticks at least every 200 ms, idle or not, and makes
  * progress (a forward step) every few ms to seconds while it has work.
@@ -247,9 +246,8 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
         cJSON_AddNumberToObject(mem, "above_for_s", rd.mem_above_s);
         cJSON_AddBoolToObject(mem, "unready", rd.mem_unready);
         cJSON_AddNumberToObject(mem, "weight_bytes", (double)st->weight_bytes);
-        int pct = 0;
-        if (dol_cuda_utilization(&pct) == 0)
-            cJSON_AddNumberToObject(mem, "gpu_utilization_ratio", pct / 100.0);
+        if (st->gpu_utilization >= 0)
+            cJSON_AddNumberToObject(mem, "gpu_utilization_ratio", st->gpu_utilization);
         else
             cJSON_AddNullToObject(mem, "gpu_utilization_ratio");
     }

@@ -114,14 +114,15 @@ dol_submit_result dol_http_sched_submit(dol_server *s, dol_request *r, char *err
 
 /* ---- responses ---------------------------------------------------------- */
 
-static enum MHD_Result queue(dol_http_req *c, int status, struct MHD_Response *resp)
+enum MHD_Result dol_http_queue(dol_http_req *c, int status, struct MHD_Response *resp,
+                               dol_http_phase phase)
 {
     MHD_add_response_header(resp, "X-Request-Id", c->id);
     enum MHD_Result ret = MHD_queue_response(c->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     if (ret == MHD_YES) {
         c->status = status;
-        c->phase = PH_RESPONDED;
+        c->phase = phase;
     }
     return ret;
 }
@@ -161,7 +162,7 @@ enum MHD_Result dol_http_send_json(dol_http_req *c, int status, char *body)
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, "Content-Type", "application/json");
     if (status >= 400) error_headers(c, resp, status);
-    return queue(c, status, resp);
+    return dol_http_queue(c, status, resp, PH_RESPONDED);
 }
 
 enum MHD_Result dol_http_send_cjson(dol_http_req *c, int status, cJSON *j)

@@ -73,6 +73,7 @@ struct dol_scheduler {
     uint64_t n_steps, n_prompt_tokens, n_generated; /* copied into st */
     uint64_t n_prefix_query_tokens, n_prefix_hit_tokens;
     double mem_sampled_ms;  /* last sample_memory */
+    double gpu_sampled_ms;  /* last GPU utilisation sample */
     dol_scheduler_stats st;
 };
 
@@ -729,9 +730,14 @@ static void sample_memory(dol_scheduler *s, bool force)
     s->mem_sampled_ms = now;
     size_t used = 0, total = 0;
     if (dol_engine_memory_info(s->e, &used, &total) != 0) used = total = 0;
+    /* NVML's own sample period is 1/6 s to 1 s: asking more often says nothing new */
+    bool gpu = now - s->gpu_sampled_ms >= 1000.0;
+    double util = gpu ? dol_engine_gpu_utilization(s->e) : 0;
+    if (gpu) s->gpu_sampled_ms = now;
     pthread_mutex_lock(&s->mu);
     s->st.mem_used_bytes = used;
     s->st.mem_total_bytes = total;
+    if (gpu) s->st.gpu_utilization = util;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -893,6 +899,8 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     s->st.last_progress_ms = s->st.last_step_ms;
     s->st.idle = true;
     s->st.weight_bytes = dol_engine_weight_bytes(engine);
+    s->st.gpu_utilization = -1.0;
+    s->gpu_sampled_ms = -1e300;
     s->st.backend = dol_engine_backend_name(engine);
     if (dol_engine_memory_info(engine, &s->st.mem_used_bytes, &s->st.mem_total_bytes) != 0)
         s->st.mem_used_bytes = s->st.mem_total_bytes = 0;
