@@ -89,9 +89,10 @@ struct dol_model {
 };
 
 /* Parse `dir`/config.json only. Unsupported values (architecture other than
- * LlamaForCausalLM, hidden_act != silu, rope_scaling not null, attention_bias
- * true, inconsistent sizes) are refused: -1 and one line in `err` naming the
- * file and the field. */
+ * LlamaForCausalLM, model_type other than llama, hidden_act != silu,
+ * rope_scaling not null, attention_bias true, inconsistent sizes) are
+ * refused: -1 and one line in `err` naming the file as `dir`/config.json and
+ * the field. */
 int dol_model_config_load(const char *dir, dol_model_config *cfg,
                           char *err, size_t errlen);
 
@@ -100,10 +101,12 @@ int dol_model_config_load(const char *dir, dol_model_config *cfg,
  * into memory twice). Every tensor is checked: present, shape as the config
  * says, dtype F32/F16/BF16, byte range inside the file and not overlapping
  * another tensor, header JSON well-formed. lm_head.weight may be absent only
- * when tie_word_embeddings is true. On failure returns -1, *out untouched,
- * and `err` holds one line naming the file and tensor
- * (e.g. "model.safetensors: tensor model.norm.weight: shape [32] but config
- * says [64]"). The caller owns *out and releases it with dol_model_free. */
+ * when tie_word_embeddings is true, and no tensor may belong to a layer past
+ * num_hidden_layers. On failure returns -1, *out untouched, and `err` holds
+ * one line naming the file by its path under `dir` and the tensor
+ * (e.g. "models/x/model.safetensors: tensor model.norm.weight: shape [32] but
+ * config says [64]"). The caller owns *out and releases it with
+ * dol_model_free. */
 int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen);
 
 void dol_model_free(dol_model *m);

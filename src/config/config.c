@@ -473,6 +473,14 @@ static bool is_null(const yaml_node_t *n)
     return !*v || strcmp(v, "~") == 0 || strcasecmp(v, "null") == 0;
 }
 
+/* A scalar holding a NUL byte ("k1\0zz" in double quotes): C strings would
+ * silently cut it there, so it is refused. libyaml keeps the true length. */
+static bool has_nul(const yaml_node_t *n)
+{
+    return n->type == YAML_SCALAR_NODE &&
+           strlen((const char *)n->data.scalar.value) != n->data.scalar.length;
+}
+
 static const char *node_kind(const yaml_node_t *n)
 {
     return n->type == YAML_MAPPING_NODE ? "a mapping"
@@ -515,6 +523,11 @@ static int load_api_keys(dol_config *c, yaml_document_t *doc, yaml_node_t *val,
             if (v->type != YAML_SCALAR_NODE) {
                 dol_set_err(err, errlen, "%s:%zu: field api_keys[%d].%s: expected a scalar, "
                             "got %s", path, line_of(v), idx, kname, node_kind(v));
+                return -1;
+            }
+            if (has_nul(k) || has_nul(v)) {
+                dol_set_err(err, errlen, "%s:%zu: field api_keys[%d].%s: contains a NUL byte",
+                            path, line_of(v), idx, kname);
                 return -1;
             }
             const char *s = (const char *)v->data.scalar.value;
@@ -571,6 +584,11 @@ static int apply_document(dol_config *c, yaml_document_t *doc, const char *path,
             return -1;
         }
         const char *name = (const char *)k->data.scalar.value;
+        if (has_nul(k)) {
+            dol_set_err(err, errlen, "%s:%zu: field %s: the key contains a NUL byte", path,
+                        line_of(k), name);
+            return -1;
+        }
         const field *f = find_by_key(name);
         if (!f) {
             /* A dashed spelling (max-batch-size) is a common slip: say so. */
@@ -600,6 +618,11 @@ static int apply_document(dol_config *c, yaml_document_t *doc, const char *path,
         if (v->type != YAML_SCALAR_NODE) {
             dol_set_err(err, errlen, "%s:%zu: field %s: expected a single value, got %s", path,
                         line_of(v), name, node_kind(v));
+            return -1;
+        }
+        if (has_nul(v)) {
+            dol_set_err(err, errlen, "%s:%zu: field %s: the value contains a NUL byte", path,
+                        line_of(v), name);
             return -1;
         }
         const char *s = (const char *)v->data.scalar.value;

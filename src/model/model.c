@@ -106,6 +106,17 @@ static void one_line(char *err, size_t errlen)
         if ((unsigned char)err[i] < 0x20 || err[i] == 0x7f) err[i] = '?';
 }
 
+/* Messages start with a file name relative to the model directory; the
+ * reader wants the path as given ("/models/x/config.json"), so prefix it. */
+static void name_in_dir(const char *dir, char *err, size_t errlen)
+{
+    if (!err || errlen == 0) return;
+    char msg[DOL_ERR_LEN];
+    snprintf(msg, sizeof msg, "%s", err);
+    size_t n = strlen(dir);
+    dol_set_err(err, errlen, "%s%s%s", dir, n > 0 && dir[n - 1] == '/' ? "" : "/", msg);
+}
+
 /* A short description of a JSON value for messages: 12, "gelu", true, ... */
 static void describe(const cJSON *j, char *buf, size_t len)
 {
@@ -230,6 +241,13 @@ static int config_from_json(const cJSON *root, dol_model_config *c, char *err, s
             return -1;
         }
     }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (!absent(type) && !(cJSON_IsString(type) && strcmp(type->valuestring, "llama") == 0)) {
+        describe(type, got, sizeof got);
+        dol_set_err(err, errlen, CONFIG_NAME ": field model_type: unsupported value %s "
+                    "(only llama)", got);
+        return -1;
+    }
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
     if (!absent(act) && !(cJSON_IsString(act) && strcmp(act->valuestring, "silu") == 0)) {
         describe(act, got, sizeof got);
@@ -323,13 +341,17 @@ int dol_model_config_load(const char *dir, dol_model_config *cfg, char *err, siz
         return -1;
     }
     cJSON *root = read_json_object(path, CONFIG_NAME, err, errlen);
-    if (!root) return -1;
+    int rc = -1;
     dol_model_config c;
     memset(&c, 0, sizeof c);
-    int rc = config_from_json(root, &c, err, errlen);
+    if (root) rc = config_from_json(root, &c, err, errlen);
     cJSON_Delete(root);
-    if (rc == 0) *cfg = c;
-    else one_line(err, errlen);
+    if (rc == 0) {
+        *cfg = c;
+    } else {
+        name_in_dir(dir, err, errlen);
+        one_line(err, errlen);
+    }
     return rc;
 }
 
@@ -522,6 +544,43 @@ static int bind_all(loader *L, char *err, size_t errlen)
     return bind(L, "lm_head.weight", c->vocab_size, d, &m->lm_head, err, errlen);
 }
 
+/* Layer N of a tensor named "model.layers.N.…", or -1 for any other name. */
+static long layer_of(const char *name)
+{
+    static const char pre[] = "model.layers.";
+    if (strncmp(name, pre, sizeof pre - 1) != 0) return -1;
+    const char *p = name + sizeof pre - 1;
+    long n = 0;
+    if (*p < '0' || *p > '9') return -1;
+    for (; *p >= '0' && *p <= '9'; p++)
+        if (n <= INT_MAX) n = n * 10 + (*p - '0');   /* saturates: only "too many" matters */
+    return *p == '.' ? n : -1;
+}
+
+/* Layers stored beyond num_hidden_layers would be silently left out: the
+ * config describes a different model than the weights. */
+static int check_layer_count(const loader *L, char *err, size_t errlen)
+{
+    int n_layers = L->m->cfg.n_layers;
+    long top = -1;
+    const char *top_name = NULL, *top_file = NULL;
+    for (int i = 0; i < L->p->n_files; i++) {
+        const dol_st_file *f = &L->p->files[i];
+        for (size_t j = 0; j < f->n_tensors; j++) {
+            long k = layer_of(f->tensors[j].name);
+            if (k > top) {
+                top = k;
+                top_name = f->tensors[j].name;
+                top_file = f->fname;
+            }
+        }
+    }
+    if (top < n_layers) return 0;
+    dol_set_err(err, errlen, CONFIG_NAME ": field num_hidden_layers: %d (layers 0..%d), but %s "
+                "holds tensor %s", n_layers, n_layers - 1, top_file, top_name);
+    return -1;
+}
+
 /* The model id: basename of dir without trailing slashes ("." resolved). */
 static void set_name(dol_model *m)
 {
@@ -557,14 +616,20 @@ int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen)
     m->priv = p;
     loader L = {.m = m, .p = p};
     int rc = -1;
+    bool named = false;   /* err already starts with the directory */
 
     if (strlen(dir) >= sizeof m->dir) {
-        dol_set_err(err, errlen, CONFIG_NAME ": model directory path too long");
+        dol_set_err(err, errlen, "model directory path too long (%zu bytes, limit %zu)",
+                    strlen(dir), sizeof m->dir - 1);
+        named = true;
         goto done;
     }
     strcpy(m->dir, dir);
     set_name(m);
-    if (dol_model_config_load(dir, &m->cfg, err, errlen) != 0) goto done;
+    if (dol_model_config_load(dir, &m->cfg, err, errlen) != 0) {
+        named = true;
+        goto done;
+    }
 
     char path[2048];
     struct stat st;
@@ -591,12 +656,14 @@ int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen)
         dol_set_err(err, errlen, CONFIG_NAME ": out of memory for %d layers", m->cfg.n_layers);
         goto done;
     }
+    if (check_layer_count(&L, err, errlen) != 0) goto done;
     if (bind_all(&L, err, errlen) != 0) goto done;
     rc = 0;
 
 done:
     cJSON_Delete(L.index);
     if (rc != 0) {
+        if (!named) name_in_dir(dir, err, errlen);
         one_line(err, errlen);
         dol_model_free(m);
         return -1;

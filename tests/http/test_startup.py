@@ -1,15 +1,21 @@
 """tests/http/test_startup.py — dolphind as a process: broken checkpoints and
-configs are refused with one line naming the file and the tensor/field and a
-non-zero exit (1 for a broken model, 2 for a bad config or flag); --help
-exits 0. Damaged copies of the fixtures are made in a temp folder."""
+configs are refused with one line naming the file (by the path given) and the
+tensor/field and a non-zero exit (1 for a broken model or a tokenizer that
+does not fit it, 2 for a bad config or flag, or a setting the model rules
+out); SIGTERM/SIGINT while the model loads ends it at once with exit 0;
+--help exits 0. Damaged copies of the fixtures are made in a temp folder."""
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import tempfile
+import time
 
 import pytest
+
+from dolphin_server import Dolphind
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED = os.environ.get("DOLPHIN_SHARED", os.path.join(ROOT, "..", "shared"))
@@ -75,7 +81,8 @@ def test_truncated_file(tmpdir_):
     size = os.path.getsize(p)
     with open(p, "r+b") as f:
         f.truncate(size // 2)
-    expect_refusal(d, "model.safetensors")
+    line = expect_refusal(d, "model.safetensors")
+    assert line.startswith(f"dolphind: {p}: "), line   # the path as given, not the bare name
 
 
 def test_truncated_inside_header(tmpdir_):
@@ -151,20 +158,21 @@ def test_unsupported_dtype(tmpdir_):
 def test_missing_shard(tmpdir_):
     d = copy_model(TINY, os.path.join(tmpdir_, "m"))
     os.remove(os.path.join(d, "model-00002-of-00002.safetensors"))
-    expect_refusal(d, "model-00002-of-00002.safetensors")
+    expect_refusal(d, os.path.join(d, "model-00002-of-00002.safetensors") + ": cannot open")
 
 
 def test_unsupported_config_values(tmpdir_):
     for field, value, needle in [("rope_scaling", {"type": "linear", "factor": 2.0}, "rope_scaling"),
                                  ("hidden_act", "gelu", "hidden_act"),
                                  ("architectures", ["MistralForCausalLM"], "architectures"),
-                                 ("attention_bias", True, "attention_bias")]:
+                                 ("attention_bias", True, "attention_bias"),
+                                 ("model_type", "mistral", "model_type")]:
         d = copy_model(STORIES, os.path.join(tmpdir_, field))
         p = os.path.join(d, "config.json")
         cfg = json.load(open(p))
         cfg[field] = value
         json.dump(cfg, open(p, "w"))
-        expect_refusal(d, "config.json", needle)
+        expect_refusal(d, os.path.join(d, "config.json") + ": field " + needle)
 
 
 def test_missing_config_field(tmpdir_):
@@ -176,8 +184,101 @@ def test_missing_config_field(tmpdir_):
     expect_refusal(d, "config.json", "num_hidden_layers")
 
 
+def test_fewer_layers_than_the_weights(tmpdir_):
+    # stories260K stores 5 layers; a config saying 4 would silently drop one
+    d = copy_model(STORIES, os.path.join(tmpdir_, "m"))
+    p = os.path.join(d, "config.json")
+    cfg = json.load(open(p))
+    cfg["num_hidden_layers"] = 4
+    json.dump(cfg, open(p, "w"))
+    expect_refusal(d, p + ": field num_hidden_layers: 4", "model.safetensors", "model.layers.4.")
+
+
 def test_missing_model_dir(tmpdir_):
-    expect_refusal(os.path.join(tmpdir_, "nope"), "config.json")
+    d = os.path.join(tmpdir_, "nope")
+    line = expect_refusal(d, "config.json")
+    assert line == f"dolphind: {d}/config.json: cannot open: No such file or directory", line
+
+
+def test_tokenizer_of_another_model(tmpdir_):
+    # Llama-2's 32000-piece tokenizer next to a 512-token model: every request
+    # would fail, so start-up refuses it, naming both files and both numbers
+    d = copy_model(STORIES, os.path.join(tmpdir_, "m"))
+    shutil.copyfile(os.path.join(TINY, "tokenizer.model"), os.path.join(d, "tokenizer.model"))
+    expect_refusal(d, os.path.join(d, "tokenizer.model"), "32000",
+                   os.path.join(d, "config.json"), "vocab_size 512")
+
+
+def test_default_max_tokens_must_fit_the_context(tmpdir_):
+    # the default max_tokens (used by completions that give none) at or above
+    # the context would make each of them 400: a config error (exit 2)
+    for args, needles in [(["--max-tokens", "1000"], ["max_tokens 1000", "512"]),
+                          (["--max-tokens", "512"], ["max_tokens 512", "512"]),
+                          (["--max-tokens", "100", "--context-len", "64"],
+                           ["max_tokens 100", "64", "context_len"]),
+                          (["--max-tokens", "1000", "--max-tokens-cap", "600"],
+                           ["max_tokens_cap 600", "512"])]:
+        rc, err = run("--model", STORIES, *args)
+        lines = error_lines(err)
+        assert rc == 2, (args, err)
+        assert len(lines) == 1, (args, lines)
+        for n in needles:
+            assert n in lines[0], (args, n, lines[0])
+    cfg = os.path.join(tmpdir_, "c.yaml")
+    with open(cfg, "w") as f:
+        f.write("max_tokens: 700\n")
+    rc, err = run("--config", cfg, "--model", STORIES)
+    assert rc == 2 and "max_tokens 700" in err, err
+
+
+def test_context_len_clamp_is_logged():
+    # clamped to max_position_embeddings with a warning naming both numbers;
+    # max_tokens_cap brings the default max_tokens within the context
+    srv = Dolphind(STORIES, ["--context-len", "100000", "--max-tokens", "1000",
+                             "--max-tokens-cap", "8", "--no-warmup"], threads=1)
+    try:
+        warn = [l for l in srv.log().splitlines() if "event=context_len_clamped" in l]
+        assert len(warn) == 1 and "level=warn" in warn[0], srv.log()
+        assert "context_len=100000" in warn[0] and "max_position_embeddings=512" in warn[0]
+        r = srv.complete({"model": srv.model, "prompt": "Once upon a time"})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] <= 8
+    finally:
+        srv.stop()
+
+
+def fifo_model(tmpdir_):
+    """stories260K whose model.safetensors is a FIFO no one writes: opening it
+    blocks, as a hung network mount would."""
+    d = os.path.join(tmpdir_, "fifo")
+    os.mkdir(d)
+    for f in ("config.json", "tokenizer.model"):
+        os.symlink(os.path.join(STORIES, f), os.path.join(d, f))
+    os.mkfifo(os.path.join(d, "model.safetensors"))
+    return d
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_while_loading_stops_at_once(tmpdir_, sig):
+    d = fifo_model(tmpdir_)
+    p = subprocess.Popen([BIN, "--port", "0", "--threads", "1", "--model", d],
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stderr.readline()
+        assert "event=listening" in first, first
+        time.sleep(0.3)   # into the blocking open of the FIFO
+        assert p.poll() is None
+        p.send_signal(sig)
+        _, rest = p.communicate(timeout=5)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, rest
+    lines = [l for l in rest.splitlines() if l.strip()]
+    assert len(lines) == 1, lines
+    assert "event=stopping" in lines[0] and f"signal={sig.name}" in lines[0] \
+        and "during=start-up" in lines[0], lines
 
 
 def test_bad_config_file_and_flags(tmpdir_):

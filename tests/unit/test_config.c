@@ -394,6 +394,14 @@ static const struct { const char *text, *want; } BAD_YAML[] = {
     { "api_keys:\n  - {priority: 1}\n", ":2: field api_keys[0]: missing key" },
     { "api_keys:\n  - {key: a}\n  - {key: a}\n", ":3: field api_keys[1].key: key listed twice" },
     { "api_keys:\n  - {key: \"a b\"}\n", ":2: field api_keys[0].key: key contains whitespace" },
+    /* a NUL escape inside a quoted scalar would cut the C string short */
+    { "api_keys: [{key: \"k1\\0zz\"}]\n", ":1: field api_keys[0].key: contains a NUL byte" },
+    { "api_keys: [{key: a, priority: \"1\\0\"}]\n",
+      ":1: field api_keys[0].priority: contains a NUL byte" },
+    { "api_keys: [{\"key\\0\": a}]\n", ":1: field api_keys[0].key: contains a NUL byte" },
+    { "model: \"/path\\0/x\"\n", ":1: field model: the value contains a NUL byte" },
+    { "port: \"80\\u0000\"\n", ":1: field port: the value contains a NUL byte" },
+    { "\"port\\0x\": 80\n", ":1: field port: the key contains a NUL byte" },
     { "- a\n- b\n", ":1: expected a mapping of `key: value` lines at the top level, got a sequence" },
     { "port: 1\n---\nport: 2\n", ":3: only one YAML document is allowed" },
     /* syntax errors: libyaml's problem with the line */

@@ -199,7 +199,8 @@ static char *stories_case(char *dir, size_t len, const char *name, const char *c
     return dir;
 }
 
-/* Loading dir must fail with one line containing every string in subs. */
+/* Loading dir must fail with one line that starts with "dir/" (the file at
+ * fault, by the path given) and contains every string in subs. */
 static void expect_fail_(const char *dir, const char *const *subs)
 {
     char err[DOL_ERR_LEN] = "";
@@ -210,6 +211,9 @@ static void expect_fail_(const char *dir, const char *const *subs)
     assert_int_equal(rc, -1);
     assert_ptr_equal(m, &sentinel);   /* *out untouched */
     assert_null(strchr(err, '\n'));
+    size_t n = strlen(dir);
+    if (strncmp(err, dir, n) != 0 || (dir[n - 1] != '/' && err[n] != '/'))
+        fail_msg("error \"%s\" does not start with the directory \"%s\"", err, dir);
     for (; *subs; subs++)
         if (!strstr(err, *subs)) fail_msg("error \"%s\" lacks \"%s\"", err, *subs);
 }
@@ -670,6 +674,18 @@ static void test_missing_and_wrong(void **state)
     /* not a directory at all */
     snprintf(dir, sizeof dir, "%s/does-not-exist", tmproot);
     expect_fail(dir, "config.json: cannot open: No such file or directory");
+
+    /* a trailing slash is not doubled */
+    snprintf(dir, sizeof dir, "%s/does-not-exist/", tmproot);
+    expect_fail(dir, "does-not-exist/config.json: cannot open: No such file or directory");
+
+    /* config.json's own checks name the path too (dol_model_config_load) */
+    char err[DOL_ERR_LEN] = "", want[600];
+    dol_model_config c;
+    snprintf(dir, sizeof dir, "%s/does-not-exist", tmproot);
+    assert_int_equal(dol_model_config_load(dir, &c, err, sizeof err), -1);
+    snprintf(want, sizeof want, "%s/config.json: cannot open: No such file or directory", dir);
+    assert_string_equal(err, want);
 }
 
 /* Unused tensors of other dtypes are fine; a misaligned data section is
@@ -858,6 +874,14 @@ static void test_config(void **state)
          "config.json: field bos_token_id: must be a non-negative integer (got -1)"},
         {"cfg-layers", "{\"num_hidden_layers\": 2000000000}",
          "config.json: field num_hidden_layers: 2000000000 is implausibly large"},
+        {"cfg-model-type", "{\"model_type\": \"mistral\"}",
+         "config.json: field model_type: unsupported value \"mistral\" (only llama)"},
+        {"cfg-model-type-num", "{\"model_type\": 7}",
+         "config.json: field model_type: unsupported value 7 (only llama)"},
+        /* the file holds 5 layers: a config saying fewer would drop some */
+        {"cfg-fewer-layers", "{\"num_hidden_layers\": 4}",
+         "config.json: field num_hidden_layers: 4 (layers 0..3), but model.safetensors holds "
+         "tensor model.layers.4."},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         stories_case(dir, sizeof dir, cases[i].name, cases[i].patch, NULL);
@@ -878,6 +902,16 @@ static void test_config(void **state)
     snprintf(path, sizeof path, "%s/config.json", dir);
     assert_int_equal(mkdir(path, 0700), 0);
     expect_fail(dir, "config.json: not a regular file");
+
+    /* fewer layers than the shards hold */
+    tiny_case(dir, sizeof dir, "cfg-fewer-layers-sharded", NULL, true);
+    write_config(dir, "tiny-llama2", "{\"num_hidden_layers\": 2}");
+    expect_fail(dir, "config.json: field num_hidden_layers: 2 (layers 0..1), but model-0000",
+                "-of-00002.safetensors holds tensor model.layers.2.");
+
+    /* model_type absent is fine (older configs) */
+    stories_case(dir, sizeof dir, "cfg-no-model-type", "{\"model_type\": \"<delete>\"}", NULL);
+    dol_model_free(load_ok(dir));
 
     /* defaults of the optional fields; eos as a list */
     stories_case(dir, sizeof dir, "cfg-defaults",
