@@ -1,10 +1,14 @@
 /* src/main.c — dolphind: read the config, start the HTTP server (answering
  * /healthz 503 while loading), load the checkpoint and tokenizer, build the
  * engine and the scheduler, warm up, report ready, and on SIGTERM/SIGINT
- * drain in-flight requests before exiting 0. While serving, the main thread
- * waits for a signal and samples the readiness memory watch every 100 ms. */
+ * drain in-flight requests before exiting 0. A signal while the model,
+ * tokenizer or engine loads ends the process at once (exit 0). While serving,
+ * the main thread waits for a signal and samples the readiness memory watch
+ * every 100 ms. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +40,45 @@ static int wait_signal(const sigset_t *sigs, long timeout_ms)
 
 static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
 
+/* While the model, tokenizer and engine load, the main thread sits in calls
+ * that can block for long (a slow disk, a FIFO): this thread takes
+ * SIGTERM/SIGINT meanwhile and ends the process at once. */
+typedef struct {
+    pthread_t thread;
+    const sigset_t *sigs;
+    atomic_bool stop;
+} load_watch;
+
+static void *load_watch_main(void *arg)
+{
+    load_watch *w = arg;
+    while (!atomic_load(&w->stop)) {
+        int sig = wait_signal(w->sigs, 20);
+        if (sig) {
+            /* nothing to drain yet; the mappings and sockets go with the process */
+            dol_log(DOL_LOG_INFO, "stopping", "signal=%s during=start-up", signal_name(sig));
+            _exit(0);
+        }
+    }
+    return NULL;
+}
+
+/* 0 when the watch runs; otherwise signals wait for the main thread as before. */
+static int load_watch_start(load_watch *w, const sigset_t *sigs)
+{
+    w->sigs = sigs;
+    atomic_init(&w->stop, false);
+    return pthread_create(&w->thread, NULL, load_watch_main, w);
+}
+
+/* Back to synchronous handling: a signal the watch has not taken stays
+ * pending for the main thread's sigtimedwait. */
+static void load_watch_stop(load_watch *w)
+{
+    atomic_store(&w->stop, true);
+    pthread_join(w->thread, NULL);
+}
+
 /* One warm-up generation: a prompt of n_prompt tokens (BOS, then arbitrary
  * ids), n choices, max_tokens each, greedy. 0 done, 1 skipped (the shape
  * does not fit this configuration), 2 interrupted by a signal (*sig set),
@@ -43,44 +86,59 @@ static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIG
 static int warm_one(dol_scheduler *sched, const dol_model *m, int n_prompt, int n,
                     int max_tokens, const sigset_t *sigs, int *sig, char *err, size_t errlen)
 {
-    dol_request *r = dol_request_new();
-    if (!r) { dol_set_err(err, errlen, "warm-up: out of memory"); return -1; }
-    r->prompt_ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
-    if (!r->prompt_ids) { dol_request_release(r); return -1; }
-    r->prompt_ids[0] = m->cfg.bos_token_id;
-    for (int i = 1; i < n_prompt; i++) r->prompt_ids[i] = (int32_t)((13 + 17 * i) % m->cfg.vocab_size);
-    r->n_prompt = n_prompt;
-    r->n = n;
-    r->max_tokens = max_tokens;
-    r->sampling.temperature = 0.0f;
-    r->ignore_eos = true;
-    snprintf(r->id, sizeof r->id, "warmup-%dx%d", n_prompt, n);
-    if (dol_request_alloc_choices(r) != 0) {
-        dol_request_release(r);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    dol_output *out = calloc((size_t)n, sizeof *out);
+    if (!ids || !out) {
+        free(ids);
+        free(out);
         dol_set_err(err, errlen, "warm-up: out of memory");
         return -1;
     }
-    dol_submit_result sr = dol_scheduler_submit(sched, r, err, errlen);
-    if (sr != DOL_SUBMIT_OK) {
-        dol_request_release(r);
-        return sr == DOL_SUBMIT_TOO_LONG || sr == DOL_SUBMIT_INVALID ? 1 : -1;
+    ids[0] = m->cfg.bos_token_id;
+    for (int i = 1; i < n_prompt; i++) ids[i] = (int32_t)((13 + 17 * i) % m->cfg.vocab_size);
+    char id[64];
+    snprintf(id, sizeof id, "warmup-%dx%d", n_prompt, n);
+    dol_request_params p = {.prompt_ids = ids, .n_prompt = n_prompt, .n = n,
+                            .max_tokens = max_tokens, .ignore_eos = true, .logprobs = -1,
+                            .id = id};
+    dol_sampling_params_default(&p.sampling);
+    p.sampling.temperature = 0.0f;
+    dol_request *r = dol_request_create(&p);
+    free(ids);
+    if (!r) {
+        free(out);
+        dol_set_err(err, errlen, "warm-up: out of memory");
+        return -1;
     }
     int rc = 0;
+    dol_request_state st = {0};
+    dol_submit_result sr = dol_scheduler_submit(sched, r, err, errlen);
+    if (sr != DOL_SUBMIT_OK) {
+        rc = sr == DOL_SUBMIT_TOO_LONG || sr == DOL_SUBMIT_INVALID ? 1 : -1;
+        goto out;
+    }
     for (;;) {
-        pthread_mutex_lock(&r->mu);
-        bool done = r->done;
-        pthread_mutex_unlock(&r->mu);
-        if (done) break;
+        if (dol_request_read(r, out, &st) != 0) {
+            dol_set_err(err, errlen, "warm-up: out of memory");
+            dol_request_cancel(r);
+            rc = -1;
+            break;
+        }
+        if (st.done) break;
         if ((*sig = wait_signal(sigs, 2)) != 0) {
             dol_request_cancel(r);
             rc = 2;
             break;
         }
     }
-    if (rc == 0 && r->error_status) {
-        dol_set_err(err, errlen, "warm-up failed: %s", r->error_msg);
+    if (rc == 0 && st.error_status) {
+        dol_set_err(err, errlen, "warm-up failed: %s", st.error_msg);
         rc = -1;
     }
+out:
+    dol_output_free(out, n);
+    free(out);
+    dol_request_state_free(&st);
     dol_request_release(r);
     return rc;
 }
@@ -108,6 +166,49 @@ static int warm_up(dol_scheduler *sched, const dol_model *m, const dol_config *c
     return 0;
 }
 
+/* Settings that only the model's context length can judge: context_len
+ * above max_position_embeddings is clamped (with a warning), and a default
+ * max_tokens that leaves no room for a prompt would make every completion
+ * without max_tokens fail, so it is refused. */
+static int check_context(const dol_config *cfg, const dol_model_config *mc, char *err,
+                         size_t errlen)
+{
+    int ctx = mc->max_position_embeddings;
+    const char *from = "max_position_embeddings";
+    if (cfg->context_len > ctx) {
+        dol_log(DOL_LOG_WARN, "context_len_clamped",
+                "context_len=%d max_position_embeddings=%d using=%d", cfg->context_len, ctx, ctx);
+    } else if (cfg->context_len > 0) {
+        ctx = cfg->context_len;
+        from = "context_len";
+    }
+    int mt = cfg->max_tokens;
+    if (cfg->max_tokens_cap > 0 && cfg->max_tokens_cap < mt) mt = cfg->max_tokens_cap;
+    if (mt < ctx) return 0;
+    if (mt != cfg->max_tokens)
+        dol_set_err(err, errlen, "max_tokens_cap %d (capping the default max_tokens %d) leaves no "
+                    "room for a prompt in the context of %d tokens (%s): it must be below %d",
+                    mt, cfg->max_tokens, ctx, from, ctx);
+    else
+        dol_set_err(err, errlen, "max_tokens %d (the default for completions) leaves no room for "
+                    "a prompt in the context of %d tokens (%s): it must be below %d", mt, ctx,
+                    from, ctx);
+    return -1;
+}
+
+/* The tokenizer must not make ids the model has no embedding row for;
+ * config.json may pad vocab_size above the tokenizer's count. */
+static int check_vocab(const char *dir, const dol_model *m, const dol_tokenizer *tok, char *err,
+                       size_t errlen)
+{
+    int n = dol_tokenizer_vocab_size(tok);
+    if (n <= m->cfg.vocab_size) return 0;
+    dol_set_err(err, errlen, "%s/tokenizer.model: %d pieces, more than %s/config.json field "
+                "vocab_size %d: the tokenizer does not belong to this model", dir, n, dir,
+                m->cfg.vocab_size);
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     char err[DOL_ERR_LEN];
@@ -132,7 +233,8 @@ int main(int argc, char **argv)
     if (threads < 1) threads = 1;
 
     /* What exists so far (NULL = not made); the ladder at `out` frees it.
-     * exit_code: 1 for a failure (err), 0 for a stop by signal. */
+     * exit_code: 1 for a failure (err), 2 for a setting the model rules out,
+     * 0 for a stop by signal. */
     dol_server *srv = NULL;
     dol_model *model = NULL;
     dol_tokenizer *tok = NULL;
@@ -145,14 +247,20 @@ int main(int argc, char **argv)
     dol_log(DOL_LOG_INFO, "listening", "host=%s port=%d", cfg.host, dol_server_port(srv));
 
     double t0 = dol_now_ms();
+    load_watch watch;
+    bool watching = load_watch_start(&watch, &sigs) == 0;
     if (dol_model_load(cfg.model, &model, err, sizeof err) != 0) goto out;
     if (cfg.served_model_name[0])
         snprintf(model->name, sizeof model->name, "%s", cfg.served_model_name);
+    if (check_context(&cfg, &model->cfg, err, sizeof err) != 0) {
+        exit_code = 2;   /* a setting at fault, as for any other config error */
+        goto out;
+    }
 
     char tok_path[1200];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.model", cfg.model);
     if (dol_tokenizer_load(tok_path, &tok, err, sizeof err) != 0) goto out;
-    if ((sig = wait_signal(&sigs, 0)) != 0) goto stop_early;  /* loading took a while */
+    if (check_vocab(cfg.model, model, tok, err, sizeof err) != 0) goto out;
 
     dol_engine_params ep = {0};
     ep.n_threads = threads;
@@ -168,6 +276,8 @@ int main(int argc, char **argv)
     ep.backend = cfg.backend;
     ep.gpu_memory_fraction = cfg.gpu_memory_utilization;
     if (dol_engine_create(model, &ep, &engine, err, sizeof err) != 0) goto out;
+    load_watch_stop(&watch);
+    watching = false;
 
     dol_scheduler_params sp = {0};
     sp.max_batch_size = cfg.max_batch_size;
@@ -236,6 +346,7 @@ stop_early:   /* SIGTERM/SIGINT before ready: free what exists, exit 0 */
     dol_server_set_state(srv, DOL_STATE_DRAINING);
     exit_code = 0;
 out:   /* the cleanup ladder: whatever exists, in reverse order of making */
+    if (watching) load_watch_stop(&watch);
     if (sched) {
         dol_server_attach(srv, model, tok, NULL); /* /healthz must not see a freed scheduler */
         dol_scheduler_free(sched);                /* ends whatever is left with 503 */

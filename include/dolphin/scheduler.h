@@ -2,13 +2,13 @@
  *
  * The HTTP layer builds a dol_request (prompt token ids + parameters),
  * submits it, and is told through `on_event` whenever the request has new
- * output or has ended; it reads the output under the request's mutex. One
+ * output or has ended; it then takes what is new with dol_request_read. One
  * scheduler thread owns the engine: it admits queued requests into the
  * running batch (continuous or static mode), runs one forward step at a
  * time, samples, detokenizes, applies stop strings, and retires finished,
  * timed-out, cancelled and disconnected sequences, returning their KV blocks.
  *
- * Ownership: requests are reference-counted. dol_request_new gives the caller
+ * Ownership: requests are reference-counted. dol_request_create gives the caller
  * one reference; dol_scheduler_submit takes its own; each side drops its
  * reference with dol_request_release. */
 #ifndef DOLPHIN_SCHEDULER_H
@@ -49,51 +49,61 @@ typedef struct {
     float top_logprobs[DOL_MAX_LOGPROBS];
 } dol_token_logprob;
 
-/* One completion choice (one sequence). Fields are guarded by the request's
- * mutex; the scheduler only ever appends. */
-typedef struct {
-    char *text;              /* emit-safe text so far: whole UTF-8 characters,
-                                never any part of a stop string; NUL-terminated */
-    size_t text_len;
-    size_t text_cap;
-    int32_t *ids;            /* every generated id, in order */
-    int n_ids;
-    int ids_cap;
-    dol_token_logprob *lps;  /* n_ids entries when logprobs >= 0, else NULL */
-    int *lps_text_len;       /* text_len after each token's text was committed */
-    dol_finish_reason finish;
-    void *priv;              /* scheduler-private (detokenizer, held text) */
-} dol_choice;
-
+/* A request: prompt ids and parameters in, generated output out. Opaque:
+ * the caller describes it with dol_request_params, reads its output with
+ * dol_request_read, and ends it early with dol_request_cancel. */
 typedef struct dol_request dol_request;
-struct dol_request {
-    /* ---- input: set before dol_scheduler_submit, read-only afterwards ---- */
-    int32_t *prompt_ids;     /* malloc'd, owned by the request (BOS included
-                                when the API added it) */
-    int n_prompt;
+
+typedef struct {
+    const int32_t *prompt_ids; /* copied (BOS included when the API added it) */
+    int n_prompt;            /* >= 1 */
     int max_tokens;          /* tokens to generate per choice (>= 0) */
     int n;                   /* choices (>= 1) */
     dol_sampling_params sampling;
     uint64_t seed;           /* choice i uses seed + i */
-    char *stop[DOL_MAX_STOP];/* malloc'd stop strings (non-empty) */
+    const char *stop[DOL_MAX_STOP]; /* stop strings (non-empty), copied */
     int n_stop;
     int logprobs;            /* -1 = off, else 0..5 alternatives per token */
     bool echo_logprobs;      /* also compute the prompt's logprobs */
     bool ignore_eos;
     int priority;            /* higher is admitted first; FIFO within one */
     double timeout_ms;       /* queue wait + generation; 0 = none */
-    char id[64];             /* request id (X-Request-Id), for logs */
-
-    /* Called by the scheduler thread, without the mutex held, after new
-     * output was appended or the request ended. Must not block. */
+    const char *id;          /* request id (X-Request-Id) for logs; may be NULL */
+    /* Called by the scheduler thread, with no lock held, after new output
+     * was appended or the request ended. Must not block. */
     void (*on_event)(dol_request *r, void *user);
     void *user;
+} dol_request_params;
 
-    /* ---- output: guarded by mu ---- */
-    pthread_mutex_t mu;
-    dol_choice *choices;     /* n entries, allocated by dol_request_alloc_choices */
-    dol_token_logprob *prompt_lps; /* echo_logprobs: n_prompt entries; entry 0
-                                      has n_top = -1 (no logprob) */
+/* A request with one reference, its own copies of the prompt and stop
+ * strings, and no output yet. NULL on OOM or when n < 1 or n_prompt < 1. */
+dol_request *dol_request_create(const dol_request_params *p);
+void dol_request_retain(dol_request *r);
+/* Drop a reference; the last one frees the request and everything it owns. */
+void dol_request_release(dol_request *r);
+/* Ask the scheduler to end the request (client gone): its sequences are
+ * freed at the next step. Thread-safe, lock-free. */
+void dol_request_cancel(dol_request *r);
+/* The prompt as given at create (read-only, lives as long as r). */
+const int32_t *dol_request_prompt(const dol_request *r, int *n_prompt);
+
+/* What one choice has produced, accumulated on the reader's side by
+ * dol_request_read: everything up to the last read. */
+typedef struct {
+    char *text;              /* emit-safe text: whole UTF-8 characters, never
+                                any part of a stop string; NUL-terminated */
+    size_t text_len;
+    int32_t *ids;            /* every generated id, in order */
+    int n_ids;
+    dol_token_logprob *lps;  /* n_ids entries when logprobs >= 0, else NULL */
+    int *lps_text_len;       /* with lps: text_len after each token's text */
+    dol_finish_reason finish;
+    size_t text_cap;         /* dol_request_read's bookkeeping */
+    int ids_cap;
+} dol_output;
+
+/* The request as a whole, as of the last read. */
+typedef struct {
     bool done;               /* every choice finished (or the request failed) */
     int error_status;        /* HTTP status when it failed (0 = none) */
     char error_type[48];     /* OpenAI error type, e.g. "timeout_error" */
@@ -101,27 +111,22 @@ struct dol_request {
     char error_msg[256];
     int n_cached_prompt;     /* prompt tokens whose K/V came from the prefix
                                 cache (usage.prompt_tokens_details) */
-    /* timings, dol_now_ms() clock; 0 = not yet */
+    dol_token_logprob *prompt_lps; /* echo_logprobs: n_prompt entries once the
+                                      prompt is in (entry 0 has n_top = -1, no
+                                      logprob), else NULL; reader-owned */
+    /* timings, the scheduler's clock (dol_now_ms); 0 = not yet */
     double t_arrival_ms, t_start_ms, t_first_token_ms, t_done_ms;
+} dol_request_state;
 
-    /* ---- private to the scheduler ---- */
-    atomic_int refs;
-    atomic_bool cancelled;
-    uint64_t seqno;          /* arrival order */
-    void *priv;
-};
-
-/* A new request with one reference, defaults (max_tokens 16, n 1, greedy off
- * = temperature 1, logprobs -1) and its mutex initialised. NULL on OOM. */
-dol_request *dol_request_new(void);
-/* Allocate the n choices (call after setting n). 0 or -1 on OOM. */
-int dol_request_alloc_choices(dol_request *r);
-void dol_request_retain(dol_request *r);
-/* Drop a reference; the last one frees the request and everything it owns. */
-void dol_request_release(dol_request *r);
-/* Ask the scheduler to end the request (client gone): its sequences are
- * freed at the next step. Thread-safe. */
-void dol_request_cancel(dol_request *r);
+/* Bring out[0..n) (one per choice, zeroed before the first read) and *st up
+ * to date: append to each output what its choice produced since the last
+ * read, copy the request's state. Any thread; takes the request's lock for
+ * the copy only. 0, or -1 on OOM (then out and st stay consistent, with
+ * less). */
+int dol_request_read(dol_request *r, dol_output *out, dol_request_state *st);
+/* Free what dol_request_read allocated in n outputs and a state. */
+void dol_output_free(dol_output *out, int n);
+void dol_request_state_free(dol_request_state *st);
 
 typedef enum { DOL_BATCH_CONTINUOUS = 0, DOL_BATCH_STATIC = 1 } dol_batch_mode;
 

@@ -105,6 +105,8 @@ typedef struct dol_http_req {
     char cmpl_id[48];
     int64_t created;
     dol_request **reqs;          /* one per prompt */
+    dol_output *outs;            /* their output as last read, n_reqs * n */
+    dol_request_state *st;       /* their state as last read, n_reqs */
     int n_reqs;
     int n;                       /* choices per prompt */
     bool stream, include_usage, echo;

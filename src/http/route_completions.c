@@ -47,19 +47,28 @@ static int emit(dol_http_req *c, cJSON *j)
     return rc;
 }
 
-static void error_from_request(dol_api_error *e, const dol_request *r)
+/* Take what every request produced since the last read into c->outs and
+ * c->st (dol_request_read). 0, or -1 on OOM. */
+static int sync_output(dol_http_req *c)
 {
-    dol_api_error_set(e, r->error_status ? r->error_status : 500,
-                      r->error_type[0] ? r->error_type : "internal_error", NULL,
-                      r->error_code, "%s",
-                      r->error_msg[0] ? r->error_msg : "The request failed.");
+    for (int p = 0; p < c->n_submitted; p++)
+        if (dol_request_read(c->reqs[p], &c->outs[p * c->n], &c->st[p]) != 0) return -1;
+    return 0;
 }
 
-static bool request_failed(const dol_request *r)
+static void error_from_request(dol_api_error *e, const dol_request_state *st)
 {
-    if (r->error_status) return true;
-    for (int i = 0; i < r->n; i++)
-        if (r->choices && r->choices[i].finish == DOL_FINISH_ERROR) return true;
+    dol_api_error_set(e, st->error_status ? st->error_status : 500,
+                      st->error_type[0] ? st->error_type : "internal_error", NULL,
+                      st->error_code, "%s",
+                      st->error_msg[0] ? st->error_msg : "The request failed.");
+}
+
+static bool request_failed(const dol_http_req *c, int p)
+{
+    if (c->st[p].error_status) return true;
+    for (int i = 0; i < c->n; i++)
+        if (c->outs[p * c->n + i].finish == DOL_FINISH_ERROR) return true;
     return false;
 }
 
@@ -76,17 +85,18 @@ static dol_api_meta meta_of(const dol_http_req *c)
 }
 
 /* Echo with logprobs needs the prompt's logprobs, which the scheduler hands
- * over once the prompt is in (or the request ended). Call under r->mu. */
-static bool prompt_lps_ready(const dol_http_req *c, const dol_request *r)
+ * over once the prompt is in (or the request ended). */
+static bool prompt_lps_ready(const dol_http_req *c, int p)
 {
-    return !c->echo || c->logprobs < 0 || r->prompt_lps || r->done || request_failed(r);
+    return !c->echo || c->logprobs < 0 || c->st[p].prompt_lps || c->st[p].done ||
+           request_failed(c, p);
 }
 
 /* ---- logprobs ----------------------------------------------------------- */
 
 /* Logprobs of a choice's tokens [from, to): the legacy completions object
  * (with text offsets, shifted by base) or the chat one. */
-static cJSON *choice_logprobs(const dol_http_req *c, const dol_choice *ch,
+static cJSON *choice_logprobs(const dol_http_req *c, const dol_output *ch,
                               int from, int to, size_t base)
 {
     if (c->chat) return dol_api_chat_logprobs_json(c->tok, ch->lps ? ch->lps + from : NULL,
@@ -104,20 +114,23 @@ static cJSON *choice_logprobs(const dol_http_req *c, const dol_choice *ch,
 /* Logprobs of an echoed prompt (entry 0 carries none). The offset of each
  * prompt token is where its text starts in decode(prompt), found with the
  * incremental detokenizer; capped at the echoed text's length. */
-static cJSON *prompt_logprobs(const dol_http_req *c, const dol_request *r, size_t echo_len)
+static cJSON *prompt_logprobs(const dol_http_req *c, int p, size_t echo_len)
 {
-    if (!r->prompt_lps) return dol_api_logprobs_json(c->tok, NULL, NULL, 0);
-    int *off = malloc((size_t)r->n_prompt * sizeof *off);
-    dol_detok *d = dol_detok_new(c->tok, r->prompt_ids, 0);
+    const dol_request_state *st = &c->st[p];
+    if (!st->prompt_lps) return dol_api_logprobs_json(c->tok, NULL, NULL, 0);
+    int n_prompt;
+    const int32_t *prompt = dol_request_prompt(c->reqs[p], &n_prompt);
+    int *off = malloc((size_t)n_prompt * sizeof *off);
+    dol_detok *d = dol_detok_new(c->tok, prompt, 0);
     char *text = NULL;
     size_t len = 0, cap = 0;
     cJSON *lp = NULL;
     if (off && d) {
-        for (int j = 0; j < r->n_prompt; j++) {
+        for (int j = 0; j < n_prompt; j++) {
             off[j] = (int)(len < echo_len ? len : echo_len);
-            if (dol_detok_push(d, r->prompt_ids[j], &text, &len, &cap) < 0) break;
+            if (dol_detok_push(d, prompt[j], &text, &len, &cap) < 0) break;
         }
-        lp = dol_api_logprobs_json(c->tok, r->prompt_lps, off, r->n_prompt);
+        lp = dol_api_logprobs_json(c->tok, st->prompt_lps, off, n_prompt);
     }
     dol_detok_free(d);
     free(text);
@@ -151,18 +164,18 @@ static enum MHD_Result respond_whole(dol_http_req *c)
     dol_api_error e = {0};
     bool failed = false, oom = !ch || !texts;
     for (int p = 0; p < c->n_reqs && !failed && !oom; p++) {
-        dol_request *r = c->reqs[p];
+        int n_prompt;
+        const int32_t *prompt = dol_request_prompt(c->reqs[p], &n_prompt);
         const char *echo = c->echo ? c->echo_text[p] : "";
         size_t elen = strlen(echo);
-        pthread_mutex_lock(&r->mu);
-        if (request_failed(r)) {
-            error_from_request(&e, r);
+        if (request_failed(c, p)) {
+            error_from_request(&e, &c->st[p]);
             failed = true;
         }
-        usage.prompt_tokens += r->n_prompt;
-        usage.cached_tokens += r->n_cached_prompt;
+        usage.prompt_tokens += n_prompt;
+        usage.cached_tokens += c->st[p].n_cached_prompt;
         for (int i = 0; i < c->n && !failed && !oom; i++) {
-            const dol_choice *rc = &r->choices[i];
+            const dol_output *rc = &c->outs[p * c->n + i];
             int k = p * c->n + i;
             texts[k] = malloc(elen + rc->text_len + 1);
             if (!texts[k]) {
@@ -177,20 +190,18 @@ static enum MHD_Result respond_whole(dol_http_req *c)
             ch[k].text_len = elen + rc->text_len;
             ch[k].finish = finish_str(rc->finish);
             usage.completion_tokens += rc->n_ids;
-            /* Every request is done here (or failed, and nothing of this
-             * is used): the ids no longer change. */
             if (c->return_token_ids) {
                 ch[k].token_ids = rc->ids;
                 ch[k].n_token_ids = rc->n_ids;
                 if (!c->chat) {
-                    ch[k].prompt_ids = r->prompt_ids;
-                    ch[k].n_prompt_ids = r->n_prompt;
+                    ch[k].prompt_ids = prompt;
+                    ch[k].n_prompt_ids = n_prompt;
                 }
             }
             if (c->logprobs >= 0) {
                 cJSON *lp = choice_logprobs(c, rc, 0, rc->n_ids, elen);
                 if (lp && c->echo) {
-                    cJSON *pl = prompt_logprobs(c, r, elen);
+                    cJSON *pl = prompt_logprobs(c, p, elen);
                     if (pl) {
                         logprobs_concat(pl, lp);
                         lp = pl;
@@ -199,7 +210,6 @@ static enum MHD_Result respond_whole(dol_http_req *c)
                 ch[k].logprobs = lp;
             }
         }
-        pthread_mutex_unlock(&r->mu);
     }
     enum MHD_Result ret;
     if (oom) {
@@ -208,10 +218,7 @@ static enum MHD_Result respond_whole(dol_http_req *c)
         ret = dol_http_send_error(c, &e);
     } else {
         dol_api_meta m = meta_of(c);
-        if (c->chat && c->return_token_ids) {
-            m.prompt_ids = c->reqs[0]->prompt_ids;
-            m.n_prompt_ids = c->reqs[0]->n_prompt;
-        }
+        if (c->chat && c->return_token_ids) m.prompt_ids = dol_request_prompt(c->reqs[0], &m.n_prompt_ids);
         cJSON *j = c->chat ? dol_api_chat_json(&m, ch, total, &usage)
                            : dol_api_completion_json(&m, ch, total, &usage);
         ret = dol_http_send_cjson(c, 200, j);
@@ -245,14 +252,12 @@ static int emit_error_event(dol_http_req *c, const dol_api_error *e)
 
 /* The chunks before any generated text, one per choice: chat's role chunk
  * ({"role":"assistant","content":""}); for completions the echoed prompt
- * (with its logprobs) and, with return_token_ids, the prompt's ids. Called
- * under each request's mutex in turn. */
+ * (with its logprobs) and, with return_token_ids, the prompt's ids. */
 static int emit_preamble(dol_http_req *c)
 {
     for (int p = 0; p < c->n_reqs; p++) {
-        dol_request *r = c->reqs[p];
-        int rc = 0;
-        pthread_mutex_lock(&r->mu);
+        int rc = 0, n_prompt;
+        const int32_t *prompt = dol_request_prompt(c->reqs[p], &n_prompt);
         for (int i = 0; i < c->n && rc == 0; i++) {
             dol_api_meta m = meta_of(c);
             dol_api_choice ch = {.index = p * c->n + i};
@@ -260,26 +265,25 @@ static int emit_preamble(dol_http_req *c)
                 ch.role = true;
                 ch.text = "";
                 if (c->return_token_ids && i == 0) {
-                    m.prompt_ids = r->prompt_ids;
-                    m.n_prompt_ids = r->n_prompt;
+                    m.prompt_ids = prompt;
+                    m.n_prompt_ids = n_prompt;
                 }
             } else {
                 if (!c->echo && !c->return_token_ids) break;
                 ch.text = c->echo ? c->echo_text[p] : "";
                 ch.text_len = strlen(ch.text);
                 if (c->logprobs >= 0)
-                    ch.logprobs = c->echo ? prompt_logprobs(c, r, ch.text_len)
+                    ch.logprobs = c->echo ? prompt_logprobs(c, p, ch.text_len)
                                           : dol_api_logprobs_json(c->tok, NULL, NULL, 0);
                 if (c->return_token_ids) {
-                    ch.prompt_ids = r->prompt_ids;
-                    ch.n_prompt_ids = r->n_prompt;
-                    ch.token_ids = r->prompt_ids;   /* none generated yet */
+                    ch.prompt_ids = prompt;
+                    ch.n_prompt_ids = n_prompt;
+                    ch.token_ids = prompt;   /* none generated yet */
                     ch.n_token_ids = 0;
                 }
             }
             rc = emit_choice(c, &ch, &m);
         }
-        pthread_mutex_unlock(&r->mu);
         if (rc) return -1;
     }
     c->preamble_sent = true;
@@ -287,11 +291,11 @@ static int emit_preamble(dol_http_req *c)
 }
 
 /* New output of one choice (text, and the ids / logprobs of new tokens),
- * then its finish chunk once it has ended. Called under r->mu. */
-static int emit_progress(dol_http_req *c, dol_request *r, int p, int i)
+ * then its finish chunk once it has ended. */
+static int emit_progress(dol_http_req *c, int p, int i)
 {
-    const dol_choice *ch = &r->choices[i];
     int k = p * c->n + i;
+    const dol_output *ch = &c->outs[k];
     dol_api_meta m = meta_of(c);
     size_t base = c->echo ? strlen(c->echo_text[p]) : 0;
     bool per_token = (c->logprobs >= 0 && ch->lps) || c->return_token_ids;
@@ -309,7 +313,7 @@ static int emit_progress(dol_http_req *c, dol_request *r, int p, int i)
         c->sent_text[k] = ch->text_len;
         c->sent_lps[k] = ch->n_ids;
     }
-    if (!c->sent_finish[k] && (ch->finish != DOL_FINISH_NONE || r->done)) {
+    if (!c->sent_finish[k] && (ch->finish != DOL_FINISH_NONE || c->st[p].done)) {
         dol_api_choice out = {.index = k, .finish = finish_str(ch->finish)};
         if (!c->chat) {
             out.text = "";
@@ -326,18 +330,15 @@ static int produce(dol_http_req *c)
 {
     /* A failure (before or after the first token) ends the stream with an
      * error event. Echo with logprobs waits for the prompt's logprobs. */
+    if (sync_output(c)) return -1;
     bool ready = true;
     for (int p = 0; p < c->n_reqs; p++) {
-        dol_request *r = c->reqs[p];
-        pthread_mutex_lock(&r->mu);
-        if (request_failed(r)) {
+        if (request_failed(c, p)) {
             dol_api_error e;
-            error_from_request(&e, r);
-            pthread_mutex_unlock(&r->mu);
+            error_from_request(&e, &c->st[p]);
             return emit_error_event(c, &e);
         }
-        if (!prompt_lps_ready(c, r)) ready = false;
-        pthread_mutex_unlock(&r->mu);
+        if (!prompt_lps_ready(c, p)) ready = false;
     }
     if (!c->preamble_sent) {
         if (!ready) return 0;
@@ -346,18 +347,16 @@ static int produce(dol_http_req *c)
     bool all_over = true;
     int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     for (int p = 0; p < c->n_reqs; p++) {
-        dol_request *r = c->reqs[p];
-        int rc = 0;
-        pthread_mutex_lock(&r->mu);
-        prompt_tokens += r->n_prompt;
-        cached_tokens += r->n_cached_prompt;
+        int rc = 0, n_prompt;
+        dol_request_prompt(c->reqs[p], &n_prompt);
+        prompt_tokens += n_prompt;
+        cached_tokens += c->st[p].n_cached_prompt;
         for (int i = 0; i < c->n && rc == 0; i++) {
-            completion_tokens += r->choices[i].n_ids;
-            rc = emit_progress(c, r, p, i);
+            completion_tokens += c->outs[p * c->n + i].n_ids;
+            rc = emit_progress(c, p, i);
             if (!c->sent_finish[p * c->n + i]) all_over = false;
         }
-        if (!r->done) all_over = false;
-        pthread_mutex_unlock(&r->mu);
+        if (!c->st[p].done) all_over = false;
         if (rc) return -1;
     }
     if (!all_over) return 0;
@@ -423,16 +422,14 @@ static bool ready_to_answer(dol_http_req *c, bool *failed_early)
 {
     bool all_done = true, any_output = false, failed = false, echo_ready = c->echo;
     for (int p = 0; p < c->n_reqs; p++) {
-        dol_request *r = c->reqs[p];
-        pthread_mutex_lock(&r->mu);
-        if (!r->done) all_done = false;
-        if (request_failed(r)) failed = true;
-        if (!prompt_lps_ready(c, r)) echo_ready = false;
-        for (int i = 0; i < r->n; i++)
-            if (r->choices[i].n_ids > 0 || r->choices[i].text_len > 0 ||
-                r->choices[i].finish != DOL_FINISH_NONE)
+        if (!c->st[p].done) all_done = false;
+        if (request_failed(c, p)) failed = true;
+        if (!prompt_lps_ready(c, p)) echo_ready = false;
+        for (int i = 0; i < c->n; i++) {
+            const dol_output *o = &c->outs[p * c->n + i];
+            if (o->n_ids > 0 || o->text_len > 0 || o->finish != DOL_FINISH_NONE)
                 any_output = true;
-        pthread_mutex_unlock(&r->mu);
+        }
     }
     *failed_early = failed && !any_output;
     if (!c->stream) return all_done || failed;
@@ -443,6 +440,7 @@ static enum MHD_Result wait_or_answer(dol_http_req *c)
 {
     for (;;) {
         dol_http_clear_pending(c);
+        if (sync_output(c)) return dol_http_send_json(c, 500, NULL);
         bool failed_early = false;
         if (ready_to_answer(c, &failed_early)) {
             if (!c->stream || failed_early) return respond_whole(c);
@@ -547,7 +545,9 @@ int dol_http_gen_prepare(dol_http_req *c, const dol_http_attached *a,
     }
     c->reqs = calloc((size_t)n_reqs, sizeof *c->reqs);
     c->echo_text = calloc((size_t)n_reqs, sizeof *c->echo_text);
-    if (!c->reqs || !c->echo_text) return oom(e);
+    c->outs = calloc((size_t)n_reqs * (size_t)p->n, sizeof *c->outs);
+    c->st = calloc((size_t)n_reqs, sizeof *c->st);
+    if (!c->reqs || !c->echo_text || !c->outs || !c->st) return oom(e);
     c->n_reqs = n_reqs;
     c->n = p->n;
     c->stream = p->stream;
@@ -562,39 +562,28 @@ int dol_http_gen_add(dol_http_req *c, const dol_http_attached *a,
                      const dol_completion_params *p, int index, int32_t *ids, int n_ids,
                      dol_api_error *e)
 {
-    dol_request *r = dol_request_new();
-    if (!r) {
-        free(ids);
-        return oom(e);
-    }
-    c->reqs[index] = r;
-    r->prompt_ids = ids;
-    r->n_prompt = n_ids;
     dol_api_limits lim;
     dol_http_api_limits(c, a, &lim);
-    if (dol_api_check_prompt_tokens(n_ids, &lim, c->chat ? "messages" : "prompt", e))
+    if (dol_api_check_prompt_tokens(n_ids, &lim, c->chat ? "messages" : "prompt", e) ||
+        dol_api_check_context(n_ids, p->max_tokens, a->context_len, e)) {
+        free(ids);
         return -1;
-    if (dol_api_check_context(n_ids, p->max_tokens, a->context_len, e)) return -1;
-    r->max_tokens = (int)p->max_tokens;
-    r->n = p->n;
-    r->sampling = p->sampling;
-    r->seed = (p->has_seed ? p->seed : dol_http_random_u64()) + (uint64_t)index * (uint64_t)p->n;
-    for (int i = 0; i < p->n_stop; i++) {
-        r->stop[i] = strdup(p->stop[i]);
-        if (!r->stop[i]) return oom(e);
-        r->n_stop = i + 1;
     }
-    r->logprobs = p->logprobs;
-    r->echo_logprobs = c->echo && p->logprobs >= 0;
-    r->ignore_eos = p->ignore_eos;
-    r->priority = request_priority(c);
-    r->timeout_ms = c->srv->cfg->request_timeout_s > 0 ? c->srv->cfg->request_timeout_s * 1000.0
-                                                       : 0;
-    snprintf(r->id, sizeof r->id, "%s", c->id);
-    r->on_event = dol_http_on_event;
-    r->user = (void *)(uintptr_t)c->handle;
-    if (dol_request_alloc_choices(r)) return oom(e);
-    return 0;
+    dol_request_params rp = {
+        .prompt_ids = ids, .n_prompt = n_ids, .max_tokens = (int)p->max_tokens, .n = p->n,
+        .sampling = p->sampling,
+        .seed = (p->has_seed ? p->seed : dol_http_random_u64()) + (uint64_t)index * (uint64_t)p->n,
+        .n_stop = p->n_stop, .logprobs = p->logprobs,
+        .echo_logprobs = c->echo && p->logprobs >= 0, .ignore_eos = p->ignore_eos,
+        .priority = request_priority(c),
+        .timeout_ms = c->srv->cfg->request_timeout_s > 0 ? c->srv->cfg->request_timeout_s * 1000.0
+                                                         : 0,
+        .id = c->id, .on_event = dol_http_on_event, .user = (void *)(uintptr_t)c->handle,
+    };
+    for (int i = 0; i < p->n_stop; i++) rp.stop[i] = p->stop[i];
+    c->reqs[index] = dol_request_create(&rp);
+    free(ids);
+    return c->reqs[index] ? 0 : oom(e);
 }
 
 static void submit_error(dol_api_error *e, dol_submit_result res, const char *msg)
@@ -700,7 +689,7 @@ static int build(dol_http_req *c, const dol_http_attached *a, dol_api_error *e)
         if (prompt_ids(a, &lim, &p, &p.prompts[i], &ids, &n, e)) goto out;
         if (dol_http_gen_add(c, a, &p, i, ids, n, e)) goto out;
         if (p.echo) {
-            c->echo_text[i] = echo_of(a, &p.prompts[i], c->reqs[i]->prompt_ids, n);
+            c->echo_text[i] = echo_of(a, &p.prompts[i], dol_request_prompt(c->reqs[i], &n), n);
             if (!c->echo_text[i]) {
                 oom(e);
                 goto out;
@@ -725,28 +714,34 @@ enum MHD_Result dol_http_completions(dol_http_req *c)
 void dol_http_completions_cleanup(dol_http_req *c, int *prompt_tokens, int *completion_tokens,
                                   double *queue_ms, double *ttft_ms)
 {
+    sync_output(c);   /* the final figures; on OOM, those of the last read */
     for (int p = 0; p < c->n_reqs; p++) {
         dol_request *r = c->reqs[p];
         if (!r) continue;
         bool done = true;
         if (p < c->n_submitted) {
-            pthread_mutex_lock(&r->mu);
-            done = r->done;
-            *prompt_tokens += r->n_prompt;
-            for (int i = 0; r->choices && i < r->n; i++) *completion_tokens += r->choices[i].n_ids;
+            const dol_request_state *st = &c->st[p];
+            done = st->done;
+            int n_prompt;
+            dol_request_prompt(r, &n_prompt);
+            *prompt_tokens += n_prompt;
+            for (int i = 0; i < c->n; i++) *completion_tokens += c->outs[p * c->n + i].n_ids;
             if (p == 0) {
-                if (r->t_start_ms > 0 && r->t_arrival_ms > 0)
-                    *queue_ms = r->t_start_ms - r->t_arrival_ms;
-                if (r->t_first_token_ms > 0 && r->t_arrival_ms > 0)
-                    *ttft_ms = r->t_first_token_ms - r->t_arrival_ms;
+                if (st->t_start_ms > 0 && st->t_arrival_ms > 0)
+                    *queue_ms = st->t_start_ms - st->t_arrival_ms;
+                if (st->t_first_token_ms > 0 && st->t_arrival_ms > 0)
+                    *ttft_ms = st->t_first_token_ms - st->t_arrival_ms;
             }
-            pthread_mutex_unlock(&r->mu);
         }
         if (!done) dol_request_cancel(r);   /* the client went away */
         dol_request_release(r);
     }
     if (c->n_submitted > 0) dol_http_inflight_done(c->srv);
     for (int p = 0; c->echo_text && p < c->n_reqs; p++) free(c->echo_text[p]);
+    for (int p = 0; c->st && p < c->n_reqs; p++) dol_request_state_free(&c->st[p]);
+    dol_output_free(c->outs, c->outs ? c->n_reqs * c->n : 0);
+    free(c->outs);
+    free(c->st);
     free(c->echo_text);
     free(c->reqs);
     free(c->sent_text);
@@ -754,5 +749,7 @@ void dol_http_completions_cleanup(dol_http_req *c, int *prompt_tokens, int *comp
     free(c->sent_finish);
     free(c->out);
     c->reqs = NULL;
+    c->outs = NULL;
+    c->st = NULL;
     c->n_reqs = 0;
 }

@@ -5,6 +5,7 @@
  * emit-safe text the HTTP layer streams. */
 #include "scheduler/request_priv.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,34 +19,149 @@ const char *dol_finish_reason_str(dol_finish_reason f)
     }
 }
 
-dol_request *dol_request_new(void)
+dol_request *dol_request_create(const dol_request_params *p)
 {
+    if (p->n < 1 || p->n_prompt < 1 || p->n_stop < 0 || p->n_stop > DOL_MAX_STOP) return NULL;
     dol_request *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     atomic_init(&r->refs, 1);
     atomic_init(&r->cancelled, false);
     pthread_mutex_init(&r->mu, NULL);
-    r->max_tokens = 16;
-    r->n = 1;
-    r->logprobs = -1;
-    dol_sampling_params_default(&r->sampling);
+    r->n_prompt = p->n_prompt;
+    r->max_tokens = p->max_tokens;
+    r->n = p->n;
+    r->sampling = p->sampling;
+    r->seed = p->seed;
+    r->logprobs = p->logprobs;
+    r->echo_logprobs = p->echo_logprobs;
+    r->ignore_eos = p->ignore_eos;
+    r->priority = p->priority;
+    r->timeout_ms = p->timeout_ms;
+    snprintf(r->id, sizeof r->id, "%s", p->id ? p->id : "");
+    r->on_event = p->on_event;
+    r->user = p->user;
     r->t_arrival_ms = dol_now_ms();
-    return r;
-}
-
-int dol_request_alloc_choices(dol_request *r)
-{
-    if (r->n < 1 || r->choices) return -1;
-    r->choices = calloc((size_t)r->n, sizeof(dol_choice));
-    if (!r->choices) return -1;
-    for (int i = 0; i < r->n; i++) {
+    bool ok = true;
+    r->prompt_ids = malloc(sizeof(int32_t) * (size_t)p->n_prompt);
+    if (r->prompt_ids) memcpy(r->prompt_ids, p->prompt_ids, sizeof(int32_t) * (size_t)p->n_prompt);
+    else ok = false;
+    for (int i = 0; ok && i < p->n_stop; i++) {
+        r->stop[i] = strdup(p->stop[i]);
+        if (r->stop[i]) r->n_stop = i + 1;
+        else ok = false;
+    }
+    r->choices = ok ? calloc((size_t)r->n, sizeof(dol_choice)) : NULL;
+    for (int i = 0; r->choices && i < r->n; i++) {
         dol_choice *c = &r->choices[i];
         c->text = malloc(64);
-        if (!c->text) return -1;
+        if (!c->text) { ok = false; break; }
         c->text[0] = '\0';
         c->text_cap = 64;
     }
+    if (!ok || !r->choices) {
+        dol_request_release(r);
+        return NULL;
+    }
+    return r;
+}
+
+const int32_t *dol_request_prompt(const dol_request *r, int *n_prompt)
+{
+    *n_prompt = r->n_prompt;
+    return r->prompt_ids;
+}
+
+/* *buf (elements of `size` bytes) resized to cap elements; 0 or -1 (kept). */
+static int resize(void **buf, int cap, size_t size)
+{
+    void *b = realloc(*buf, size * (size_t)cap);
+    if (!b) return -1;
+    *buf = b;
     return 0;
+}
+
+/* Append choice c's output beyond what o holds. Under r->mu. */
+static int read_choice(const dol_request *r, const dol_choice *c, dol_output *o)
+{
+    if (c->text_len > o->text_len || !o->text) {
+        size_t need = c->text_len + 1;
+        if (need > o->text_cap) {
+            size_t cap = o->text_cap ? o->text_cap : 64;
+            while (cap < need) cap *= 2;
+            char *t = realloc(o->text, cap);
+            if (!t) return -1;
+            o->text = t;
+            o->text_cap = cap;
+        }
+        memcpy(o->text + o->text_len, c->text + o->text_len, c->text_len - o->text_len);
+        o->text_len = c->text_len;
+        o->text[o->text_len] = '\0';
+    }
+    if (c->n_ids > o->n_ids) {
+        if (c->n_ids > o->ids_cap) {
+            int cap = o->ids_cap ? o->ids_cap : 32;
+            while (cap < c->n_ids) cap *= 2;
+            if (resize((void **)&o->ids, cap, sizeof *o->ids) ||
+                (r->logprobs >= 0 && (resize((void **)&o->lps, cap, sizeof *o->lps) ||
+                                      resize((void **)&o->lps_text_len, cap,
+                                             sizeof *o->lps_text_len))))
+                return -1;
+            o->ids_cap = cap;
+        }
+        int k = c->n_ids - o->n_ids;
+        memcpy(o->ids + o->n_ids, c->ids + o->n_ids, sizeof *o->ids * (size_t)k);
+        if (r->logprobs >= 0 && c->lps) {
+            memcpy(o->lps + o->n_ids, c->lps + o->n_ids, sizeof *o->lps * (size_t)k);
+            memcpy(o->lps_text_len + o->n_ids, c->lps_text_len + o->n_ids,
+                   sizeof *o->lps_text_len * (size_t)k);
+        }
+        o->n_ids = c->n_ids;
+    }
+    o->finish = c->finish;
+    return 0;
+}
+
+int dol_request_read(dol_request *r, dol_output *out, dol_request_state *st)
+{
+    int rc = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n && rc == 0; i++) rc = read_choice(r, &r->choices[i], &out[i]);
+    if (r->prompt_lps && !st->prompt_lps) {
+        st->prompt_lps = malloc(sizeof *st->prompt_lps * (size_t)r->n_prompt);
+        if (st->prompt_lps)
+            memcpy(st->prompt_lps, r->prompt_lps, sizeof *st->prompt_lps * (size_t)r->n_prompt);
+        else
+            rc = -1;
+    }
+    st->done = r->done && rc == 0;   /* done only once everything was taken */
+    st->error_status = r->error_status;
+    memcpy(st->error_type, r->error_type, sizeof st->error_type);
+    memcpy(st->error_code, r->error_code, sizeof st->error_code);
+    memcpy(st->error_msg, r->error_msg, sizeof st->error_msg);
+    st->n_cached_prompt = r->n_cached_prompt;
+    st->t_arrival_ms = r->t_arrival_ms;
+    st->t_start_ms = r->t_start_ms;
+    st->t_first_token_ms = r->t_first_token_ms;
+    st->t_done_ms = r->t_done_ms;
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+void dol_output_free(dol_output *out, int n)
+{
+    for (int i = 0; out && i < n; i++) {
+        free(out[i].text);
+        free(out[i].ids);
+        free(out[i].lps);
+        free(out[i].lps_text_len);
+        memset(&out[i], 0, sizeof out[i]);
+    }
+}
+
+void dol_request_state_free(dol_request_state *st)
+{
+    free(st->prompt_lps);
+    st->prompt_lps = NULL;
 }
 
 void dol_request_retain(dol_request *r) { atomic_fetch_add(&r->refs, 1); }

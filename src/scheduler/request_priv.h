@@ -1,10 +1,61 @@
-/* src/scheduler/request_priv.h — scheduler-internal operations on requests:
- * the per-choice output state (detokenizer, held-back text) and what is done
- * with every sampled token. Called with the request's mutex held. */
+/* src/scheduler/request_priv.h — the request as the scheduler sees it (the
+ * public header keeps it opaque): its parameters, its output guarded by its
+ * mutex, and the per-choice output state (detokenizer, held-back text) with
+ * what is done with every sampled token. */
 #ifndef DOLPHIN_SCHEDULER_REQUEST_PRIV_H
 #define DOLPHIN_SCHEDULER_REQUEST_PRIV_H
 
 #include "dolphin/scheduler.h"
+
+/* One choice's output so far; the scheduler only ever appends. */
+typedef struct {
+    char *text;              /* emit-safe text so far, NUL-terminated */
+    size_t text_len, text_cap;
+    int32_t *ids;
+    int n_ids, ids_cap;
+    dol_token_logprob *lps;  /* n_ids entries when logprobs >= 0 */
+    int *lps_text_len;       /* text_len after each token's text was committed */
+    dol_finish_reason finish;
+    void *priv;              /* detokenizer and held-back text (request.c) */
+} dol_choice;
+
+struct dol_request {
+    /* input: set at create, read-only afterwards */
+    int32_t *prompt_ids;
+    int n_prompt;
+    int max_tokens;
+    int n;
+    dol_sampling_params sampling;
+    uint64_t seed;
+    char *stop[DOL_MAX_STOP];
+    int n_stop;
+    int logprobs;
+    bool echo_logprobs;
+    bool ignore_eos;
+    int priority;
+    double timeout_ms;
+    char id[64];
+    void (*on_event)(dol_request *r, void *user);
+    void *user;
+
+    /* output: guarded by mu */
+    pthread_mutex_t mu;
+    dol_choice *choices;     /* n entries */
+    dol_token_logprob *prompt_lps; /* echo_logprobs, once the prompt is in */
+    bool done;
+    int error_status;
+    char error_type[48], error_code[48], error_msg[256];
+    int n_cached_prompt;
+    double t_arrival_ms, t_start_ms, t_first_token_ms, t_done_ms;
+
+    /* the scheduler's */
+    atomic_int refs;
+    atomic_bool cancelled;
+    uint64_t seqno;          /* arrival order */
+    void *priv;              /* req_priv (scheduler.c) */
+};
+
+/* The following are called with the request's mutex held. */
 
 /* Attach a detokenizer for this choice (context: the prompt). 0 / -1 OOM. */
 int dol_choice_out_init(dol_choice *c, const dol_tokenizer *tok,

@@ -8,7 +8,8 @@
  * Covered: the batch window, max_batch_size, admission order by priority,
  * static vs continuous batching, forks for n > 1, cancellation freeing
  * blocks, watermark admission, never-fits, a full queue, and timeouts of
- * queued and running requests. Needs the stories260K tokenizer (skips
+ * queued and running requests, all through the public API (dol_request_read).
+ * Needs the stories260K tokenizer (skips
  * without the fixtures). */
 #include <stdarg.h>
 #include <stddef.h>
@@ -147,30 +148,59 @@ static void rig_free(rig *g)
     free(g);
 }
 
-/* A greedy request: BOS then n_prompt - 1 ids, max_tokens each of n choices,
- * EOS ignored. */
-static dol_request *req(int n_prompt, int max_tokens, int n, int priority)
+/* A request as its user sees it: the handle, and its output and state as
+ * of the last look (dol_request_read). */
+typedef struct {
+    dol_request *r;
+    dol_output out[4];
+    dol_request_state st;
+} treq;
+
+/* A greedy request: BOS then n_prompt - 1 ids, max_tokens each of n choices
+ * (n <= 4), EOS ignored; timeout_ms 0 = none. */
+static treq *req_t(int n_prompt, int max_tokens, int n, int priority, double timeout_ms)
 {
-    dol_request *r = dol_request_new();
-    assert_non_null(r);
-    r->prompt_ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
-    assert_non_null(r->prompt_ids);
-    r->prompt_ids[0] = 1;
-    for (int i = 1; i < n_prompt; i++) r->prompt_ids[i] = 10 + i;
-    r->n_prompt = n_prompt;
-    r->max_tokens = max_tokens;
-    r->n = n;
-    r->priority = priority;
-    r->sampling.temperature = 0.0f;
-    r->ignore_eos = true;
-    assert_int_equal(dol_request_alloc_choices(r), 0);
-    return r;
+    treq *t = calloc(1, sizeof *t);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
+    assert_non_null(t);
+    assert_non_null(ids);
+    ids[0] = 1;
+    for (int i = 1; i < n_prompt; i++) ids[i] = 10 + i;
+    dol_request_params p = {.prompt_ids = ids, .n_prompt = n_prompt, .max_tokens = max_tokens,
+                            .n = n, .priority = priority, .ignore_eos = true, .logprobs = -1,
+                            .timeout_ms = timeout_ms, .id = "test"};
+    dol_sampling_params_default(&p.sampling);
+    p.sampling.temperature = 0.0f;
+    t->r = dol_request_create(&p);
+    free(ids);
+    assert_non_null(t->r);
+    return t;
 }
 
-static dol_submit_result submit(rig *g, dol_request *r)
+static treq *req(int n_prompt, int max_tokens, int n, int priority)
+{
+    return req_t(n_prompt, max_tokens, n, priority, 0);
+}
+
+/* Look at the request: its output and state now. */
+static treq *look(treq *t)
+{
+    assert_int_equal(dol_request_read(t->r, t->out, &t->st), 0);
+    return t;
+}
+
+static void req_free(treq *t)
+{
+    dol_output_free(t->out, 4);
+    dol_request_state_free(&t->st);
+    dol_request_release(t->r);
+    free(t);
+}
+
+static dol_submit_result submit(rig *g, treq *t)
 {
     char err[DOL_ERR_LEN];
-    return dol_scheduler_submit(g->s, r, err, sizeof err);
+    return dol_scheduler_submit(g->s, t->r, err, sizeof err);
 }
 
 static dol_scheduler_stats stats(rig *g)
@@ -180,13 +210,8 @@ static dol_scheduler_stats stats(rig *g)
     return st;
 }
 
-static bool done(dol_request *r)
-{
-    pthread_mutex_lock(&r->mu);
-    bool d = r->done;
-    pthread_mutex_unlock(&r->mu);
-    return d;
-}
+static bool done(treq *t) { return look(t)->st.done; }
+static double started(treq *t) { return look(t)->st.t_start_ms; }
 
 /* Tick until nothing is queued or running (at most `max` ticks); a tick
  * that ran no step (a batch window) lets 1 ms pass. */
@@ -220,30 +245,30 @@ static void test_window_and_output(void **state)
 {
     (void)state;
     rig *g = rig_new((rig_opts){.max_batch = 4, .window_ms = 50});
-    dol_request *r = req(5, 6, 1, 0);
+    treq *r = req(5, 6, 1, 0);
     double t0 = g_now;
     assert_int_equal(submit(g, r), DOL_SUBMIT_OK);
     dol_scheduler_tick(g->s);             /* alone: waits for company */
-    assert_true(r->t_start_ms == 0);
+    assert_true(started(r) == 0);
     g_now = t0 + 49.0;
     dol_scheduler_tick(g->s);
-    assert_true(r->t_start_ms == 0);
+    assert_true(started(r) == 0);
     assert_int_equal(stats(g).queued, 1);
     g_now = t0 + 50.0;
     dol_scheduler_tick(g->s);             /* the window is over */
-    assert_true(r->t_start_ms == t0 + 50.0);
+    assert_true(started(r) == t0 + 50.0);
     run_idle(g, 20);
     assert_true(done(r));
     int32_t want[6];
     expected_ids(5, 6, want);
-    assert_int_equal(r->choices[0].n_ids, 6);
-    assert_memory_equal(r->choices[0].ids, want, sizeof want);
-    assert_int_equal(r->choices[0].finish, DOL_FINISH_LENGTH);
-    assert_int_equal(r->error_status, 0);
+    assert_int_equal(look(r)->out[0].n_ids, 6);
+    assert_memory_equal(look(r)->out[0].ids, want, sizeof want);
+    assert_int_equal(look(r)->out[0].finish, DOL_FINISH_LENGTH);
+    assert_int_equal(look(r)->st.error_status, 0);
     assert_int_equal(stats(g).kv_blocks_used, 0);
     /* one prefill, then a decode step per token but the first (from prefill) */
     assert_int_equal(g_forwards, 6);
-    dol_request_release(r);
+    req_free(r);
     rig_free(g);
 }
 
@@ -251,7 +276,7 @@ static void test_full_batch_skips_window_and_caps(void **state)
 {
     (void)state;
     rig *g = rig_new((rig_opts){.max_batch = 4, .window_ms = 50});
-    dol_request *r[6];
+    treq *r[6];
     for (int i = 0; i < 6; i++) {
         r[i] = req(3, 4, 1, 0);
         assert_int_equal(submit(g, r[i]), DOL_SUBMIT_OK);
@@ -261,13 +286,13 @@ static void test_full_batch_skips_window_and_caps(void **state)
     dol_scheduler_stats st = stats(g);
     assert_int_equal(st.running_seqs, 4);
     assert_int_equal(st.queued, 2);
-    for (int i = 0; i < 6; i++) assert_true((r[i]->t_start_ms == t0) == (i < 4));
+    for (int i = 0; i < 6; i++) assert_true((started(r[i]) == t0) == (i < 4));
     assert_int_equal(g_max_items, 4);
     run_idle(g, 100);
     for (int i = 0; i < 6; i++) {
         assert_true(done(r[i]));
-        assert_int_equal(r[i]->choices[0].n_ids, 4);
-        dol_request_release(r[i]);
+        assert_int_equal(look(r[i])->out[0].n_ids, 4);
+        req_free(r[i]);
     }
     assert_true(g_max_items <= 4);
     rig_free(g);
@@ -278,7 +303,7 @@ static void test_priority_then_arrival(void **state)
     (void)state;
     rig *g = rig_new((rig_opts){.max_batch = 1, .window_ms = 0});
     int prio[5] = {0, 2, 1, 2, 0};
-    dol_request *r[5];
+    treq *r[5];
     for (int i = 0; i < 5; i++) {
         r[i] = req(3, 2, 1, prio[i]);
         assert_int_equal(submit(g, r[i]), DOL_SUBMIT_OK);
@@ -288,8 +313,8 @@ static void test_priority_then_arrival(void **state)
     /* start order: priority 2 (arrival 1, 3), then 1 (2), then 0 (0, 4) */
     int order[5] = {1, 3, 2, 0, 4};
     for (int k = 1; k < 5; k++)
-        assert_true(r[order[k - 1]]->t_start_ms < r[order[k]]->t_start_ms);
-    for (int i = 0; i < 5; i++) dol_request_release(r[i]);
+        assert_true(started(r[order[k - 1]]) < started(r[order[k]]));
+    for (int i = 0; i < 5; i++) req_free(r[i]);
     rig_free(g);
 }
 
@@ -298,20 +323,20 @@ static void test_priority_then_arrival(void **state)
 static void run_join(dol_batch_mode mode, bool *c_before_a_done)
 {
     rig *g = rig_new((rig_opts){.max_batch = 2, .window_ms = 0, .mode = mode});
-    dol_request *a = req(3, 20, 1, 0), *b = req(3, 2, 1, 0), *c = req(3, 2, 1, 0);
+    treq *a = req(3, 20, 1, 0), *b = req(3, 2, 1, 0), *c = req(3, 2, 1, 0);
     assert_int_equal(submit(g, a), DOL_SUBMIT_OK);
     assert_int_equal(submit(g, b), DOL_SUBMIT_OK);
     for (int i = 0; i < 40 && !done(b); i++) dol_scheduler_tick(g->s);
     assert_true(done(b) && !done(a));
     assert_int_equal(submit(g, c), DOL_SUBMIT_OK);
     dol_scheduler_tick(g->s);
-    *c_before_a_done = c->t_start_ms > 0 && !done(a);
+    *c_before_a_done = started(c) > 0 && !done(a);
     run_idle(g, 100);
     assert_true(done(a) && done(c));
-    if (mode == DOL_BATCH_STATIC) assert_true(c->t_start_ms >= a->t_done_ms);
-    dol_request_release(a);
-    dol_request_release(b);
-    dol_request_release(c);
+    if (mode == DOL_BATCH_STATIC) assert_true(started(c) >= look(a)->st.t_done_ms);
+    req_free(a);
+    req_free(b);
+    req_free(c);
     rig_free(g);
 }
 
@@ -329,7 +354,7 @@ static void test_fork_n_choices(void **state)
 {
     (void)state;
     rig *g = rig_new((rig_opts){.max_batch = 4, .window_ms = 0});
-    dol_request *r = req(20, 5, 3, 0);
+    treq *r = req(20, 5, 3, 0);
     assert_int_equal(submit(g, r), DOL_SUBMIT_OK);
     dol_scheduler_tick(g->s);          /* prefill of choice 0 */
     dol_scheduler_tick(g->s);          /* forked: three sequences decode */
@@ -340,11 +365,11 @@ static void test_fork_n_choices(void **state)
     int32_t want[5];
     expected_ids(20, 5, want);
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(r->choices[i].n_ids, 5);
-        assert_memory_equal(r->choices[i].ids, want, sizeof want);
+        assert_int_equal(look(r)->out[i].n_ids, 5);
+        assert_memory_equal(look(r)->out[i].ids, want, sizeof want);
     }
     assert_int_equal(stats(g).kv_blocks_used, 0);
-    dol_request_release(r);
+    req_free(r);
     rig_free(g);
 }
 
@@ -352,25 +377,25 @@ static void test_cancel_frees_blocks(void **state)
 {
     (void)state;
     rig *g = rig_new((rig_opts){.max_batch = 4, .window_ms = 0});
-    dol_request *run = req(40, 100, 2, 0), *wait = req(3, 5, 1, 0);
+    treq *run = req(40, 100, 2, 0), *wait = req(3, 5, 1, 0);
     assert_int_equal(submit(g, run), DOL_SUBMIT_OK);
     for (int i = 0; i < 3; i++) dol_scheduler_tick(g->s);
     assert_true(stats(g).kv_blocks_used > 0);
     int forwards = g_forwards;
-    dol_request_cancel(run);
+    dol_request_cancel(run->r);
     dol_scheduler_tick(g->s);          /* reaped before any further step */
     assert_true(done(run));
-    assert_int_equal(run->error_status, 499);
+    assert_int_equal(look(run)->st.error_status, 499);
     assert_int_equal(stats(g).kv_blocks_used, 0);
     assert_int_equal(stats(g).running_seqs, 0);
     assert_int_equal(g_forwards, forwards);
     /* a queued request cancelled before it ran */
     assert_int_equal(submit(g, wait), DOL_SUBMIT_OK);
-    dol_request_cancel(wait);
+    dol_request_cancel(wait->r);
     dol_scheduler_tick(g->s);
-    assert_true(done(wait) && wait->error_status == 499 && wait->t_start_ms == 0);
-    dol_request_release(run);
-    dol_request_release(wait);
+    assert_true(done(wait) && look(wait)->st.error_status == 499 && started(wait) == 0);
+    req_free(run);
+    req_free(wait);
     rig_free(g);
 }
 
@@ -380,7 +405,7 @@ static void test_watermark_admission(void **state)
     /* 8 blocks of 16; each request needs prompt 8 + 24 new = 2 blocks */
     rig *g = rig_new((rig_opts){.max_batch = 4, .window_ms = 0, .kv_tokens = 128,
                                 .watermark = 0.5});
-    dol_request *r[4];
+    treq *r[4];
     for (int i = 0; i < 4; i++) {
         r[i] = req(8, 24, 1, 0);
         assert_int_equal(submit(g, r[i]), DOL_SUBMIT_OK);
@@ -392,8 +417,8 @@ static void test_watermark_admission(void **state)
     run_idle(g, 200);
     for (int i = 0; i < 4; i++) {
         assert_true(done(r[i]));
-        assert_int_equal(r[i]->choices[0].n_ids, 24);
-        dol_request_release(r[i]);
+        assert_int_equal(look(r[i])->out[0].n_ids, 24);
+        req_free(r[i]);
     }
     rig_free(g);
 }
@@ -403,11 +428,11 @@ static void test_never_fits_and_queue_full(void **state)
     (void)state;
     rig *g = rig_new((rig_opts){.max_batch = 1, .window_ms = 50, .kv_tokens = 128,
                                 .max_queue = 2});
-    dol_request *big = req(10, 200, 1, 0);     /* 210 tokens: over the pool */
+    treq *big = req(10, 200, 1, 0);     /* 210 tokens: over the pool */
     assert_int_equal(submit(g, big), DOL_SUBMIT_TOO_LONG);
-    dol_request *ctx = req(100, 157, 1, 0);    /* 257 > the context of 256 */
+    treq *ctx = req(100, 157, 1, 0);    /* 257 > the context of 256 */
     assert_int_equal(submit(g, ctx), DOL_SUBMIT_TOO_LONG);
-    dol_request *q[3];
+    treq *q[3];
     for (int i = 0; i < 3; i++) q[i] = req(3, 2, 1, 0);
     assert_int_equal(submit(g, q[0]), DOL_SUBMIT_OK);
     assert_int_equal(submit(g, q[1]), DOL_SUBMIT_OK);
@@ -415,9 +440,9 @@ static void test_never_fits_and_queue_full(void **state)
     g_now += 50.0;
     run_idle(g, 50);
     assert_true(done(q[0]) && done(q[1]) && !done(q[2]));
-    dol_request_release(big);
-    dol_request_release(ctx);
-    for (int i = 0; i < 3; i++) dol_request_release(q[i]);
+    req_free(big);
+    req_free(ctx);
+    for (int i = 0; i < 3; i++) req_free(q[i]);
     rig_free(g);
 }
 
@@ -425,28 +450,26 @@ static void test_timeouts(void **state)
 {
     (void)state;
     rig *g = rig_new((rig_opts){.max_batch = 1, .window_ms = 0});
-    dol_request *run = req(3, 100, 1, 0), *queued = req(3, 2, 1, 0);
-    run->timeout_ms = 30.0;
-    queued->timeout_ms = 10.0;
+    treq *run = req_t(3, 100, 1, 0, 30.0), *queued = req_t(3, 2, 1, 0, 10.0);
     assert_int_equal(submit(g, run), DOL_SUBMIT_OK);
     assert_int_equal(submit(g, queued), DOL_SUBMIT_OK);
     double t0 = g_now;
     dol_scheduler_tick(g->s);            /* run starts; queued waits (batch of 1) */
-    assert_true(run->t_start_ms > 0 && queued->t_start_ms == 0);
+    assert_true(started(run) > 0 && started(queued) == 0);
     g_now = t0 + 10.5;
     dol_scheduler_tick(g->s);            /* queued is late: 504 before it ran */
     assert_true(done(queued));
-    assert_int_equal(queued->error_status, 504);
-    assert_string_equal(queued->error_type, "timeout_error");
+    assert_int_equal(look(queued)->st.error_status, 504);
+    assert_string_equal(look(queued)->st.error_type, "timeout_error");
     assert_false(done(run));
     g_now = t0 + 30.5;
     dol_scheduler_tick(g->s);            /* run is late too, mid-generation */
     assert_true(done(run));
-    assert_int_equal(run->error_status, 504);
-    assert_true(run->choices[0].n_ids > 0 && run->choices[0].n_ids < 100);
+    assert_int_equal(look(run)->st.error_status, 504);
+    assert_true(look(run)->out[0].n_ids > 0 && look(run)->out[0].n_ids < 100);
     assert_int_equal(stats(g).kv_blocks_used, 0);
-    dol_request_release(run);
-    dol_request_release(queued);
+    req_free(run);
+    req_free(queued);
     rig_free(g);
 }
 
