@@ -272,7 +272,7 @@ static int cpu_create(const dol_model *model, const dol_engine_params *p, int ct
     /* Attention reads each head's K and V of a block as one 8 KiB run
      * (head_dim 64), the runs of a sequence spread over the pool: on 2 MiB
      * pages (where the kernel has them) they stop costing a TLB miss each
-     * (batch-8 decode +4.5 %, docs/performance.md). */
+     * (docs/performance.md). */
     (void)madvise(e->kv_pool, kv_bytes & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
 #endif
 
@@ -438,9 +438,9 @@ static void attn_one(const attn_job *j, int t, int h, int worker)
                        e->att + (size_t)t * e->q_dim + (size_t)h * hd);
 }
 
-/* Bytes of a head's K/V that kv_prefetch asks for into L1 (a quarter of a
- * 48 KiB L1D, so the head being computed keeps its lines) and in all (the
- * rest goes to L2, 1 MiB and more on the x86-64 parts we target). */
+/* Bytes of a head's K/V that kv_prefetch asks for into L1 (small beside a
+ * 32-48 KiB L1D, so the head being computed keeps its lines) and in all
+ * (the rest goes to L2, 1 MiB and more on the x86-64 parts we target). */
 #define KV_PREFETCH_L1_BYTES (12u * 1024u)
 #define KV_PREFETCH_MAX_BYTES (512u * 1024u)
 
@@ -513,15 +513,11 @@ static void attention(cpu_engine *e, int T, int layer)
  * nothing orders the tasks. The KV reads and writes miss the cache (the
  * weights streamed through it since the previous step; dims-major K puts
  * one head's row in head_dim lines), so each task prefetches the K/V of
- * the head after next while it computes one (kv_prefetch): one head ahead
- * left part of the ~290 ns memory latency showing. Each token's heads are
+ * the head after next while it computes one (kv_prefetch): the next head
+ * alone left part of the memory latency showing. Each token's heads are
  * cut into one run per thread, and never into runs of fewer than two heads
- * (a run of one has nothing to prefetch ahead). 110m shape, 2 threads,
- * 6-8 alternating rounds against one task per (token, KV head) without
- * prefetch: decode batch 8 +4.5..6 % tokens/s, batch 1 +1..4 %; runs of 3
- * or 12 heads instead of 6: alike or slower; two heads ahead instead of
- * one: batch 8 +1.6..1.8 % more on the Zen 5 host, three ahead -0.7 %
- * (docs/performance.md). */
+ * (a run of one has nothing to prefetch ahead). Measurements:
+ * docs/performance.md, "Attention and the KV layout". */
 static void attention_decode(cpu_engine *e, int T, int layer)
 {
     const int kvh = e->c.n_kv_heads, threads = dol_pool_threads(e->pool);

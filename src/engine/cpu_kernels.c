@@ -6,11 +6,13 @@
  * dol_cpu_kernels_<name>. Everything else here is file-static.
  *
  * DOL_SIMD is the accumulator width: 16 (avx512), 8 (avx2) or undefined
- * (portable: scalar k order). The matrix product walks W in tiles of
- * MM_NC rows and runs up to four rows of x against each tile, so W is
- * streamed from memory once per call whatever the batch size. The tiles are
- * self-contained: each follows the order of k_dot exactly, which is what
- * keeps outputs batch-invariant. */
+ * (portable: scalar k order). The row-major product (matmul_rows) walks W
+ * in tiles of MM_NC rows and runs up to four rows of x against each tile;
+ * the engine's weights go through the packed product (matmul_packed_rows).
+ * Either way W is streamed from memory once per call whatever the batch
+ * size, and every tile follows the order of k_dot exactly, which is what
+ * keeps outputs batch-invariant. Why the kernels are built this way, with
+ * the measurements: docs/performance.md, "Design reasons". */
 #include "engine/cpu_kernels.h"
 
 #include <math.h>
@@ -170,8 +172,8 @@ static float k_dot(const float *x, const void *w, dol_dtype t, int n)
 
 /* Pin a vector to a register. Without it GCC folds the load of x into each
  * of the NC FMAs that use it, one load per FMA, and the tile becomes bound
- * by loads (2.3 x slower at 8 rows of x on a Zen 5). The empty asm changes
- * no value and no instruction order of the arithmetic. */
+ * by loads (several times slower at 8 rows of x). The empty asm changes no
+ * value and no instruction order of the arithmetic. */
 static inline vecf v_in_register(vecf v)
 {
     __asm__("" : "+v"(v));
@@ -296,37 +298,27 @@ static inline void v_sum4(const vecf a[4], float *out)
  * prefetch of a later panel, see k_matmul_packed_rows). Every output
  * follows k_dot's order exactly: the same vector steps over k, the same
  * tail. */
-/* Tuning, measured on the 2-vCPU AMD EPYC VM (a Zen 5 until 2026-11-30, a
- * Zen 4 since: the lines that name no host are the Zen 5) with the 110m shape
- * (scripts/bench, docs/performance.md); each was compared with its
- * neighbours in alternating runs:
- *   PACK_PF_BYTES     prefetch distance ahead of the stream (1024; 512 and
- *                     4096 slower for the lockstep tiles, 2048 alike)
- *   lockstep streams  at one row of x: 4 (3 and 6 slower, below)
+/* Tuning constants, each chosen against its neighbours in alternating runs
+ * of the 110m shape (the measurements: docs/performance.md, "Design
+ * reasons"):
+ *   PACK_PF_BYTES     look-ahead of every stream: shorter and longer
+ *                     distances were slower or no better
  *   PACK_STREAMS      interleaved streams for what the lockstep tiles leave
+ *   PACK_STREAM_ROWS  rows of x up to which the lockstep tiles run (batch
+ *                     1-2 decode, memory-bound)
  *   PACK_OUTER_ROWS   rows of x up to which each panel meets every group
  *                     of rows in turn, with the steady prefetch of the next
- *                     panel (batch-8 decode 695 -> 830 tokens/s against the
- *                     cache-blocked order; 602 without the steady prefetch;
- *                     prefetching two panels ahead: no better)
- *   steady prefetch   hint T1 (into L2; the look-ahead brings each chunk
- *                     on into L1): on the Zen 4 VM, cold F16 products, two
- *                     threads, 768 x 2048 at 8 rows 177-193 -> 134-150 us,
- *                     at 4 rows 151-168 -> 94-96, 2048 x 768 at 3 rows
- *                     116-139 -> 96-107, lm_head 32000 x 768 at 8 rows
- *                     2378-2649 -> 1997-2324; alike with W in L3; on the
- *                     Zen 5 VM T0, T1, T2 and NTA read alike
+ *                     panel, one panel ahead, into L2 (hint T1: into L1 it
+ *                     overfilled a 32 KiB L1D; the look-ahead brings each
+ *                     chunk on into L1)
  *   PACK_XROWS        rows of x per register tile: 6 x 4 accumulators + 4
  *                     weights + 1 input fit the 32 zmm registers; the 16
  *                     ymm of AVX2 take 3 x 4
- *   PACK_CHUNK_BYTES  panels per cache block (32 KB..384 KB alike)
+ *   PACK_CHUNK_BYTES  panels per prefill cache block (fits L2; the size
+ *                     matters little)
  *   PACK_SNAKE_BYTES  a group's rows of x from which the decode-batch order
- *                     turns back every other panel: 768 x 2048 F16 at 8
- *                     rows (two groups of 32 KB, the 110m shape's down
- *                     projection), cold, 2 threads, six pairs of runs in
- *                     turn: 213-228 -> 230-246 GFLOP/s in four, -1 and
- *                     +2 % in two; 2048 x 768 at 8, 12 and 16 rows (x
- *                     groups of 12-18 KB): -4 to +5 %, so not there */
+ *                     turns back every other panel (it helps when a group
+ *                     fills most of L1, not below) */
 #define PACK_PF_BYTES 1024
 #define PACK_STREAMS 2
 #define PACK_STREAM_ROWS 2
@@ -408,9 +400,8 @@ static inline void prefetch_ahead(const char *chunk, size_t esz)
 
 typedef void (*pk_tile_fn)(const float *x, int K, const void *Wp, int n, float *out, int N,
                            const char *pf, int ppu);
-/* Two sets: without the steady prefetch (prefill: the test in the k loop
- * cost 2 % of a compute-bound prefill, 1576 against 1544 tokens/s) and
- * with it (decode batches). */
+/* Two sets: without the steady prefetch (prefill, compute-bound, where the
+ * test in the k loop alone cost time) and with it (decode batches). */
 #define DEFINE_PTILES_(DT, SUF, PF, PSUF)                                                   \
     DEFINE_PTILE(1, DT, SUF, PF, PSUF)                                                      \
     DEFINE_PTILE(2, DT, SUF, PF, PSUF)                                                      \
@@ -434,11 +425,9 @@ DEFINE_PTILES(DOL_DTYPE_BF16, bf16)
  * in flight at cache-line granularity, as the bandwidth probe of
  * tools/bench_engine.c does. Only for K % DOL_PACK_K == 0 and full panels
  * (no tail); each output is ptile's: one accumulator over k in vector
- * steps, then v_sum4, so the bits are those of k_dot.
- * On the 2-vCPU Zen 5 VM, four lockstep streams at batch 1 read a cold
- * 768 x 2048 F16 matrix at 52-56 GB/s with two threads, against 41-44 GB/s
- * for panels taken one after another (2 streams interleaved panel by
- * panel); 1 and 2 lockstep streams: 38-40 and 42-45. */
+ * steps, then v_sum4, so the bits are those of k_dot. Four streams per
+ * thread read memory fastest, as in the probe (fewer or more were slower;
+ * docs/performance.md). */
 #define DEFINE_STILE(NR, NS, DT, SUF)                                                       \
     static void stile_##SUF##_##NR##_##NS(const float *x, int K, const void *Wp,           \
                                           const int *n, float *out, int N)                  \

@@ -86,7 +86,9 @@ typedef struct dol_cpu_kernels {
      * v_base + b * block_floats + r * v_stride + i.
      *   s_p   = scale * (sum over i ascending of q[i] * k_p[i], one fused
      *           multiply-add per i)
-     *   e_p   = expf(s_p - max_p s_p)
+     *   e_p   = exp(s_p - max_p s_p), by the kernels' own exp (Cody-Waite
+     *           reduction and a degree-7 polynomial, within 2 ulp of expf;
+     *           scalar and vector forms perform the same operations)
      *   out[i] = (sum over p ascending of e_p * v_p[i], one fused
      *            multiply-add per p) * (1 / sum over p ascending of e_p)
      * (scaled dot-product attention, Vaswani et al. 2017, with the usual

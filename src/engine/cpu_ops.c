@@ -171,20 +171,16 @@ static void fused_task(void *ctx, int task, int worker)
 
 /* Plan the tasks of a fused job over the rows of its first `n_plan`
  * matrices, taken in order as one row space, and run it. Guided sizes: each
- * task takes 1/(2 x threads) of the rows still unassigned (in multiples of
- * 16 rows, at least 16, never across two matrices: whole groups of four
- * 4-row panels for the four-stream tiles of batch-1 decode, cpu_kernels.c;
- * 16 against 4 and 8 was +2 % at batch 1 and 8, within the noise of one
- * series but never worse), so the first tasks
- * are long (long sequential streams of W) and the last ones short (the
+ * task takes 1/(2 x threads) of the rows still unassigned, rounded up to a
+ * multiple of 16 (at least 16, never across two matrices: whole groups of
+ * four 4-row panels for the four-stream tiles, cpu_kernels.c), so the first
+ * tasks are long sequential streams of W and the last ones short (the
  * threads finish together). At one or two rows of x (memory-bound decode)
- * each task takes 1/threads instead: every task start costs its four
- * streams a trip to memory, and halving the number of tasks made a cold
- * 768 x 768, 4096 x 768 and 768 x 2048 F16 product at batch 1 take 20.7,
- * 90.2 and 47.0 us instead of 23.8, 93.0 and 50.4 (medians of 3 runs, 2
- * threads, Zen 5 VM); at 8 and 128 rows it was slower (239 against 210 us
- * for 4096 x 768 at 8 rows). Small products run inline as one task per
- * matrix. */
+ * each task takes 1/threads of the rows still unassigned instead: every
+ * task start costs its streams a trip to memory, so fewer tasks win there
+ * (and lose at more rows). With one thread, or under 64 K multiply-adds,
+ * each matrix is one task, run inline. Measurements: docs/performance.md,
+ * "Thread tasks and fused jobs". */
 #define GUIDED_COARSE_ROWS 2 /* rows of x up to which tasks are 1/threads */
 
 static void fused_run(dol_pool *pool, fused_job *j, int n_plan)

@@ -1,8 +1,9 @@
 /* src/engine/cpu_ops.h — the CPU reference kernels of the forward pass:
  * matrix products over F32/F16/BF16/NF4 weights, RMSNorm, RoPE, SiLU-gated
- * product, embedding lookup. float32 arithmetic throughout. The arithmetic
- * comes from the kernel set chosen at run time for this CPU (portable C,
- * AVX2 or AVX-512: cpu_kernels.h; DOLPHIN_CPU_KERNELS overrides the choice).
+ * product, embedding lookup. float32 arithmetic (RMSNorm's sum of squares
+ * in double). The arithmetic comes from the kernel set chosen at run time
+ * for this CPU (portable C, AVX2 or AVX-512: cpu_kernels.h;
+ * DOLPHIN_CPU_KERNELS overrides the choice).
  * Within one kernel set each output element is computed by the same
  * instruction sequence whatever the batch size or the thread split, so
  * results are batch-invariant bit for bit; two sets differ by rounding only.
