@@ -70,6 +70,35 @@ typedef enum {
 
 #define DOL_HTTP_ROUTE_LEN 32
 
+/* What /v1/completions and /v1/chat/completions keep per HTTP request:
+ * the scheduler requests, their output as last read, and the SSE stream's
+ * progress. Allocated by dol_http_gen_begin, freed by dol_http_gen_cleanup. */
+typedef struct dol_http_gen {
+    bool chat;                   /* chat.completion objects, no echo */
+    bool return_token_ids;
+    bool preamble_sent;          /* echo / role / prompt ids chunks (stream) */
+    const dol_tokenizer *tok;
+    char model_name[256];
+    char cmpl_id[48];
+    int64_t created;
+    dol_request **reqs;          /* one per prompt */
+    dol_output *outs;            /* their output as last read, n_reqs * n */
+    dol_request_state *st;       /* their state as last read, n_reqs */
+    int n_reqs;
+    int n;                       /* choices per prompt */
+    bool stream, include_usage, echo;
+    int logprobs;
+    char **echo_text;            /* per prompt, when echo */
+    int n_submitted;             /* reqs[0..n_submitted) are queued */
+    /* streaming progress, per choice (n_reqs * n entries) */
+    size_t *sent_text;
+    int *sent_lps;
+    bool *sent_finish;
+    bool stream_over;
+    char *out;                   /* SSE bytes not yet handed to MHD */
+    size_t out_len, out_off, out_cap;
+} dol_http_gen;
+
 /* Everything about one HTTP request; freed in the completed callback. */
 typedef struct dol_http_req {
     dol_server *srv;
@@ -96,30 +125,8 @@ typedef struct dol_http_req {
     bool unwatched;              /* the watcher is done with this suspension
                                     (hang-up acted on, or data still unread) */
 
-    /* /v1/completions and /v1/chat/completions (route_completions.c) */
-    bool chat;                   /* chat.completion objects, no echo */
-    bool return_token_ids;
-    bool preamble_sent;          /* echo / role / prompt ids chunks (stream) */
-    const dol_tokenizer *tok;
-    char model_name[256];
-    char cmpl_id[48];
-    int64_t created;
-    dol_request **reqs;          /* one per prompt */
-    dol_output *outs;            /* their output as last read, n_reqs * n */
-    dol_request_state *st;       /* their state as last read, n_reqs */
-    int n_reqs;
-    int n;                       /* choices per prompt */
-    bool stream, include_usage, echo;
-    int logprobs;
-    char **echo_text;            /* per prompt, when echo */
-    int n_submitted;             /* reqs[0..n_submitted) are queued */
-    /* streaming progress, per choice (n_reqs * n entries) */
-    size_t *sent_text;
-    int *sent_lps;
-    bool *sent_finish;
-    bool stream_over;
-    char *out;                   /* SSE bytes not yet handed to MHD */
-    size_t out_len, out_off, out_cap;
+    struct dol_http_gen *gen;    /* the generation routes' state (generation.c);
+                                    NULL for every other route */
 } dol_http_req;
 
 /* ---- registry (src/http/registry.c) ------------------------------------ */
@@ -175,23 +182,26 @@ uint64_t dol_http_random_u64(void);
 
 /* ---- routes ------------------------------------------------------------ */
 
-/* POST /v1/completions: body complete, c->phase == PH_BODY. */
+/* POST /v1/completions (route_completions.c): body complete, PH_BODY. */
 enum MHD_Result dol_http_completions(dol_http_req *c);
-/* Called again by MHD after a resume while c->phase == PH_WAIT. */
-enum MHD_Result dol_http_completions_resume(dol_http_req *c);
-/* Release what a completions context holds (cancels unfinished work). */
-void dol_http_completions_cleanup(dol_http_req *c, int *prompt_tokens,
-                                  int *completion_tokens, double *queue_ms,
-                                  double *ttft_ms);
 
-/* The generation routes share route_completions.c's machinery: a route
+/* ---- generation (src/http/generation.c) --------------------------------- */
+
+/* Called again by MHD after a resume while c->phase == PH_WAIT. */
+enum MHD_Result dol_http_gen_resume(dol_http_req *c);
+/* Release c->gen (cancels unfinished work) and report its figures; a no-op
+ * for a request of another route. */
+void dol_http_gen_cleanup(dol_http_req *c, int *prompt_tokens, int *completion_tokens,
+                          double *queue_ms, double *ttft_ms);
+
+/* The generation routes share generation.c's machinery: a route
  * parses its body into dol_completion_params, calls dol_http_gen_prepare,
  * then dol_http_gen_add once per prompt (ids taken over), then
  * dol_http_gen_submit, which queues the requests and answers (whole or
  * streamed) when they are done. */
 /* Not ready / not loaded -> 503; else fills a and c's identity (id with
  * "cmpl-" or "chatcmpl-" per c->chat, created, model name). */
-int dol_http_gen_begin(dol_http_req *c, dol_http_attached *a, dol_api_error *e);
+int dol_http_gen_begin(dol_http_req *c, bool chat, dol_http_attached *a, dol_api_error *e);
 /* Content-Type check (415) and the body as one JSON object (400). */
 cJSON *dol_http_body_json(dol_http_req *c, dol_api_error *e);
 void dol_http_api_limits(const dol_http_req *c, const dol_http_attached *a,

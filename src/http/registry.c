@@ -239,8 +239,8 @@ static void *watcher_main(void *arg)
             /* either way, not polled again until it is next suspended: a
              * half-close behind unread data, or a hang-up already acted on */
             c->unwatched = true;
-            if (peer_closed(fds[i].fd))
-                for (int k = 0; k < c->n_submitted; k++) dol_request_cancel(c->reqs[k]);
+            if (peer_closed(fds[i].fd) && c->gen)
+                for (int k = 0; k < c->gen->n_submitted; k++) dol_request_cancel(c->gen->reqs[k]);
         }
         pthread_mutex_unlock(&g_mu);
     }

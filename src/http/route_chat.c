@@ -1,6 +1,6 @@
 /* src/http/route_chat.c — POST /v1/chat/completions: validate the body,
  * build the prompt token ids in the Llama-2 chat format (src/api/chat.c),
- * and run it through the generation machinery of route_completions.c, which
+ * and run it through the generation machinery of generation.c, which
  * answers with chat.completion objects (or chat.completion.chunk events).
  *
  * Without max_tokens / max_completion_tokens a chat completion runs until
@@ -73,7 +73,6 @@ enum MHD_Result dol_http_chat(dol_http_req *c)
 {
     dol_api_error e;
     dol_http_attached a;
-    c->chat = true;
-    if (dol_http_gen_begin(c, &a, &e) || build(c, &a, &e)) return dol_http_send_error(c, &e);
+    if (dol_http_gen_begin(c, true, &a, &e) || build(c, &a, &e)) return dol_http_send_error(c, &e);
     return dol_http_gen_submit(c);
 }

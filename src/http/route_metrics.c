@@ -26,7 +26,7 @@ void dol_http_metrics_record(const dol_http_req *c, int status, int prompt_token
         .ttft_s = -1,
         .tpot_s = -1,
     };
-    if (c->n_submitted > 0) {   /* it reached the scheduler */
+    if (n_seqs > 0) {   /* it reached the scheduler */
         if (queue_ms > 0) m.queue_s = queue_ms / 1000.0;
         if (ttft_ms > 0) m.ttft_s = ttft_ms / 1000.0;
         /* sequences decode side by side: per-sequence tokens after the first */

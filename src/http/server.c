@@ -445,7 +445,6 @@ static dol_http_req *req_new(dol_server *s, struct MHD_Connection *conn,
     c->srv = s;
     c->conn = conn;
     c->t0_ms = dol_now_ms();
-    c->logprobs = -1;
     copy_method(c->method, sizeof c->method, method);
     snprintf(c->route, sizeof c->route, "unknown");
     const char *rid = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
@@ -509,7 +508,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     }
     switch (c->phase) {
     case PH_BODY: return dispatch(c, url);
-    case PH_WAIT: return dol_http_completions_resume(c);
+    case PH_WAIT: return dol_http_gen_resume(c);
     default: return MHD_NO;  /* a response is already queued */
     }
 }
@@ -525,8 +524,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
     int prompt_tokens = 0, completion_tokens = 0;
     double queue_ms = 0, ttft_ms = 0;
-    int n_seqs = c->n_reqs * c->n;
-    dol_http_completions_cleanup(c, &prompt_tokens, &completion_tokens, &queue_ms, &ttft_ms);
+    /* sequences that reached the scheduler (0: none did) */
+    int n_seqs = c->gen && c->gen->n_submitted > 0 ? c->gen->n_reqs * c->gen->n : 0;
+    dol_http_gen_cleanup(c, &prompt_tokens, &completion_tokens, &queue_ms, &ttft_ms);
 
     bool ok = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK;
     int status = c->status ? c->status : 499;   /* 499: client closed first */
