@@ -227,7 +227,7 @@ enum MHD_Result dol_http_models(dol_http_req *c, const char *id);
 enum MHD_Result dol_http_healthz(dol_http_req *c);
 enum MHD_Result dol_http_livez(dol_http_req *c);
 
-/* Readiness as /healthz judges it (src/http/routes_info.c). */
+/* Readiness as /healthz judges it (src/http/readiness.c). */
 typedef struct {
     dol_server_state state;
     bool have_sched;
@@ -241,6 +241,15 @@ typedef struct {
     bool ready;                  /* every condition met: 200 */
 } dol_http_readiness;
 void dol_http_readiness_get(dol_server *s, dol_http_readiness *r);
+/* The scheduler loop ticks at least every 200 ms, idle or not, and makes
+ * progress (a forward step) every few ms to seconds while it has work.
+ * Readiness: work pending and no progress for DOL_HTTP_STALL_READY_MS.
+ * Liveness: the loop itself has not ticked for DOL_HTTP_STALL_LIVE_MS (a
+ * restart is due). */
+#define DOL_HTTP_STALL_READY_MS 30000.0
+#define DOL_HTTP_STALL_LIVE_MS 60000.0
+/* now - since in ms, 0 when since is unset or in the future. */
+double dol_http_age_ms(double since, double now);
 
 /* GET /metrics (src/http/route_metrics.c), and the per-request hook the
  * completed callback calls with the figures it logs (n_seqs: sequences the

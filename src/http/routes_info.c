@@ -4,8 +4,7 @@
  * vram_unready_ratio for vram_unready_after_s, or while the scheduler makes
  * no progress with work pending; JSON with the reasons and the memory,
  * scheduler and KV-cache figures) and GET /livez (liveness: the scheduler
- * loop still ticks). Also the memory watch behind the readiness hysteresis
- * (dol_server_watch). */
+ * loop still ticks). What readiness is made of lives in readiness.c. */
 #include "http/http.h"
 
 #include <stdarg.h>
@@ -13,13 +12,6 @@
 #include <string.h>
 
 #include "dolphin/log.h"
-
-/* The scheduler loop ticks at least every 200 ms, idle or not, and makes
- * progress (a forward step) every few ms to seconds while it has work.
- * Readiness: work pending and no progress for STALL_READY_MS. Liveness: the
- * loop itself has not ticked for STALL_LIVE_MS (a restart is due). */
-#define STALL_READY_MS 30000.0
-#define STALL_LIVE_MS 60000.0
 
 int dol_http_not_ready(dol_http_req *c, dol_api_error *e)
 {
@@ -90,80 +82,6 @@ static const char *state_name(dol_server_state st)
     }
 }
 
-static double age_ms(double since, double now)
-{
-    if (since <= 0) return 0;
-    return now > since ? now - since : 0;
-}
-
-/* ---- the memory watch ---------------------------------------------------- */
-
-/* Feed one memory sample to the hysteresis: memory use must stay above
- * vram_unready_ratio for vram_unready_after_s (every sample above it) before
- * readiness drops; the first sample at or below it restores it. Transitions
- * are logged. Returns how long use has been above, in ms (0 = not above). */
-static double watch_memory(dol_server *s, const dol_scheduler_stats *st, double now,
-                           bool *unready)
-{
-    const dol_config *cfg = s->cfg;
-    double ratio = st->mem_total_bytes ? (double)st->mem_used_bytes / (double)st->mem_total_bytes : 0;
-    bool above = ratio > cfg->vram_unready_ratio;
-    int changed = 0;   /* +1 became unready, -1 became ready again */
-    double above_ms = 0;
-    pthread_mutex_lock(&s->watch_mu);
-    if (above) {
-        if (!s->mem_above) {
-            s->mem_above = true;
-            s->mem_above_since_ms = now;
-        }
-        above_ms = age_ms(s->mem_above_since_ms, now);
-        if (!s->mem_unready && above_ms >= cfg->vram_unready_after_s * 1000.0) {
-            s->mem_unready = true;
-            changed = 1;
-        }
-    } else {
-        if (s->mem_unready) changed = -1;
-        s->mem_above = false;
-        s->mem_unready = false;
-    }
-    *unready = s->mem_unready;
-    pthread_mutex_unlock(&s->watch_mu);
-    if (changed)
-        dol_log(changed > 0 ? DOL_LOG_WARN : DOL_LOG_INFO,
-                changed > 0 ? "memory_unready" : "memory_ready",
-                "used_bytes=%zu total_bytes=%zu ratio=%.3f unready_ratio=%.3f above_s=%.1f",
-                st->mem_used_bytes, st->mem_total_bytes, ratio, cfg->vram_unready_ratio,
-                above_ms / 1000.0);
-    return above_ms;
-}
-
-void dol_http_readiness_get(dol_server *s, dol_http_readiness *r)
-{
-    memset(r, 0, sizeof *r);
-    r->state = dol_server_get_state(s);
-    r->have_sched = dol_http_sched_stats(s, &r->st);
-    double now = dol_now_ms();
-    if (r->have_sched) {
-        r->mem_ratio = r->st.mem_total_bytes
-                           ? (double)r->st.mem_used_bytes / (double)r->st.mem_total_bytes : 0;
-        r->mem_above_s = watch_memory(s, &r->st, now, &r->mem_unready) / 1000.0;
-        r->loop_age_ms = age_ms(r->st.last_step_ms, now);
-        r->progress_age_ms = r->st.idle ? 0 : age_ms(r->st.last_progress_ms, now);
-        r->stalled = r->progress_age_ms > STALL_READY_MS || r->loop_age_ms > STALL_READY_MS;
-    } else {
-        pthread_mutex_lock(&s->watch_mu);
-        r->mem_unready = s->mem_unready;
-        pthread_mutex_unlock(&s->watch_mu);
-    }
-    r->ready = r->state == DOL_STATE_READY && r->have_sched && !r->mem_unready && !r->stalled;
-}
-
-void dol_server_watch(dol_server *s)
-{
-    dol_http_readiness r;
-    dol_http_readiness_get(s, &r);
-}
-
 /* ---- GET /healthz, GET /livez ------------------------------------------- */
 
 static void add_reason(cJSON *reasons, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -215,7 +133,7 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
         if (rd.state == DOL_STATE_READY) status = "memory_pressure";
     }
     if (rd.stalled) {
-        if (rd.progress_age_ms > STALL_READY_MS)
+        if (rd.progress_age_ms > DOL_HTTP_STALL_READY_MS)
             add_reason(reasons, "scheduler has made no progress for %.0f ms with work pending",
                        rd.progress_age_ms);
         else
@@ -283,9 +201,9 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
 enum MHD_Result dol_http_livez(dol_http_req *c)
 {
     dol_scheduler_stats st;
-    double stalled = dol_http_sched_stats(c->srv, &st) ? age_ms(st.last_step_ms, dol_now_ms()) : 0;
+    double stalled = dol_http_sched_stats(c->srv, &st) ? dol_http_age_ms(st.last_step_ms, dol_now_ms()) : 0;
     cJSON *root = cJSON_CreateObject();
-    bool alive = stalled <= STALL_LIVE_MS;
+    bool alive = stalled <= DOL_HTTP_STALL_LIVE_MS;
     cJSON_AddStringToObject(root, "status", alive ? "alive" : "stalled");
     cJSON_AddNumberToObject(root, "stall_ms", stalled);
     return dol_http_send_cjson(c, alive ? 200 : 503, root);
