@@ -48,8 +48,8 @@ bool dol_api_utf8_valid(const char *s, size_t n);
  * no NUL bytes or \u0000 escapes, objects and arrays nested at most
  * max_depth deep (the body's object is depth 1; checked on the raw bytes
  * before parsing; 0 = only cJSON's own limit, CJSON_NESTING_LIMIT), nothing
- * after the value. Returns the object (caller frees with cJSON_Delete) or
- * NULL with a 400 in e. */
+ * after the value, no key twice in one object. Returns the object (caller
+ * frees with cJSON_Delete) or NULL with a 400 in e (500 on OOM). */
 cJSON *dol_api_parse_object(const char *body, size_t len, int max_depth,
                             dol_api_error *e);
 /* Deepest nesting of objects and arrays in a JSON text, counted on the raw

@@ -5,6 +5,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -150,6 +151,42 @@ int dol_api_json_depth(const char *s, size_t n, int stop)
     return deepest;
 }
 
+static int cmp_keys(const void *a, const void *b)
+{
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* A key that appears twice in one object of the tree (parsers disagree on
+ * which one counts: cJSON takes the first, Python's json the last), or NULL.
+ * Sorting the keys keeps this O(k log k) for an object of k keys. 1 in *oom
+ * when out of memory. */
+static const char *duplicate_key(const cJSON *node, bool *oom)
+{
+    int k = 0;
+    const cJSON *c;
+    for (c = node->child; c; c = c->next) k++;
+    if (cJSON_IsObject(node) && k > 1) {
+        const cJSON **keys = malloc(sizeof *keys * (size_t)k);
+        if (!keys) {
+            *oom = true;
+            return NULL;
+        }
+        int i = 0;
+        for (c = node->child; c; c = c->next) keys[i++] = c;
+        qsort(keys, (size_t)k, sizeof *keys, cmp_keys);
+        const char *dup = NULL;
+        for (i = 1; i < k && !dup; i++)
+            if (strcmp(keys[i - 1]->string, keys[i]->string) == 0) dup = keys[i]->string;
+        free(keys);
+        if (dup) return dup;
+    }
+    for (c = node->child; c; c = c->next) {
+        const char *d = duplicate_key(c, oom);
+        if (d || *oom) return d;
+    }
+    return NULL;
+}
+
 cJSON *dol_api_parse_object(const char *body, size_t len, int max_depth,
                             dol_api_error *e)
 {
@@ -200,6 +237,15 @@ cJSON *dol_api_parse_object(const char *body, size_t len, int max_depth,
     }
     if (!cJSON_IsObject(root)) {
         dol_api_error_invalid(e, NULL, "The request body must be a JSON object.");
+        cJSON_Delete(root);
+        return NULL;
+    }
+    bool oom = false;
+    const char *dup = duplicate_key(root, &oom);
+    if (dup || oom) {
+        if (oom) dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+        else dol_api_error_invalid(e, NULL, "The key '%.100s' appears twice in one object of "
+                                   "the request body.", dup);
         cJSON_Delete(root);
         return NULL;
     }

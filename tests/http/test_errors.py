@@ -440,3 +440,15 @@ def test_too_large_integer_named_as_too_large(server, value):
     r = server.complete({"prompt": "a", "max_tokens": value})
     err = check_error(r, 400, param="max_tokens")
     assert "at most" in err["message"], err
+
+
+@pytest.mark.parametrize("raw", [b'{"prompt":"a","prompt":5}',
+                                 b'{"prompt":"a","logit_bias":{"5":1,"6":2,"5":3}}',
+                                 b'{"messages":[{"role":"user","content":"a","role":"system"}]}'])
+def test_duplicate_keys_are_refused(server, raw):
+    """Parsers disagree on which of two equal keys counts (first or last):
+    a body with one is ambiguous and refused."""
+    path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
+    r = requests.post(server.url + path, data=raw, headers=JSON, timeout=30)
+    err = check_error(r, 400)
+    assert "appears twice" in err["message"], err
