@@ -295,6 +295,10 @@ int main(int argc, char **argv)
             model->cfg.n_kv_heads, model->cfg.vocab_size, dol_engine_context_len(engine),
             dol_engine_weight_bytes(engine), dol_engine_kv_blocks_total(engine),
             dol_engine_kv_block_size(engine), threads, dol_now_ms() - t0);
+    if (strcmp(dol_engine_backend_name(engine), "cuda") == 0)
+        dol_log(DOL_LOG_WARN, "cuda_unverified",
+                "msg=\"this CUDA backend has been verified under the CUDA emulation only, "
+                "not on a GPU; see docs/cuda.md\"");
     dol_quant_stats qs;
     dol_engine_quant_stats(engine, &qs);
     if (qs.n_quantized > 0)
