@@ -23,6 +23,7 @@
 #include "dolphin/engine.h"
 #include "dolphin/model.h"
 #include "dolphin/tokenizer.h"
+#include "../tests/fixtures.h"
 
 #define MAX_IDS 2048
 
@@ -32,30 +33,6 @@ static int usage(void)
                     "                      [--no-quantize-lm-head]\n"
                     "  SHARED_DIR holds models/MODEL and golden/MODEL.json\n");
     return 2;
-}
-
-static cJSON *load_json(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (buf) buf[n] = 0;
-    fclose(f);
-    cJSON *j = buf ? cJSON_Parse(buf) : NULL;
-    free(buf);
-    return j;
-}
-
-static int ids_from(const cJSON *arr, int32_t *out, int max)
-{
-    int n = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, arr) if (n < max) out[n++] = (int32_t)it->valueint;
-    return n;
 }
 
 static void die(const char *what, const char *err)
@@ -156,7 +133,7 @@ static void eval_model(const char *shared, const char *name, int threads, bool h
     char dir[1200], path[1300], err[DOL_ERR_LEN];
     snprintf(dir, sizeof dir, "%s/models/%s", shared, name);
     snprintf(path, sizeof path, "%s/golden/%s.json", shared, name);
-    cJSON *g = load_json(path);
+    cJSON *g = fixture_json_at(path);
     if (!g) die(path, "cannot read or parse");
     dol_model *m = NULL;
     if (dol_model_load(dir, &m, err, sizeof err) != 0) die(dir, err);
@@ -178,8 +155,8 @@ static void eval_model(const char *shared, const char *name, int threads, bool h
     const cJSON *c;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(g, "cases")) {
         static int32_t ids[MAX_IDS], got[MAX_IDS];
-        int np = ids_from(cJSON_GetObjectItem(c, "prompt_ids"), ids, MAX_IDS);
-        int ng = ids_from(cJSON_GetObjectItem(c, "greedy_ids"), ids + np, MAX_IDS - np);
+        int np = fixture_ids(cJSON_GetObjectItem(c, "prompt_ids"), ids, MAX_IDS);
+        int ng = fixture_ids(cJSON_GetObjectItem(c, "greedy_ids"), ids + np, MAX_IDS - np);
         int max_new = cJSON_GetObjectItem(c, "max_tokens")->valueint;
         int n = np + ng;
         float *lf = all_logits(ef, ids, n), *lq = all_logits(eq, ids, n);
@@ -216,8 +193,8 @@ static void eval_model(const char *shared, const char *name, int threads, bool h
     const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(g, "cases"), 0);
     if (c0 && strcmp(cJSON_GetObjectItem(c0, "prompt")->valuestring, "") == 0) {
         static int32_t ids[MAX_IDS], got[MAX_IDS];
-        int n = ids_from(cJSON_GetObjectItem(c0, "prompt_ids"), ids, MAX_IDS);
-        n += ids_from(cJSON_GetObjectItem(c0, "greedy_ids"), ids + n, MAX_IDS - n);
+        int n = fixture_ids(cJSON_GetObjectItem(c0, "prompt_ids"), ids, MAX_IDS);
+        n += fixture_ids(cJSON_GetObjectItem(c0, "greedy_ids"), ids + n, MAX_IDS - n);
         dol_engine *eh = open_engine(m, DOL_WEIGHTS_F16, head, threads);
         float *lf = all_logits(ef, ids, n), *lh = all_logits(eh, ids, n), *lq = all_logits(eq, ids, n);
         double nf = mean_nll(lf, V, ids, n), nh = mean_nll(lh, V, ids, n), nq = mean_nll(lq, V, ids, n);

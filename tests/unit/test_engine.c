@@ -18,34 +18,7 @@
 #include "dolphin/engine.h"
 #include "dolphin/model.h"
 #include "dolphin/sampler.h"
-
-static char g_shared[1024];
-
-static cJSON *load_json(const char *rel)
-{
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s", g_shared, rel);
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
-    buf[n] = 0;
-    fclose(f);
-    cJSON *j = cJSON_Parse(buf);
-    free(buf);
-    return j;
-}
-
-static int ids_from(const cJSON *arr, int32_t *out, int max)
-{
-    int n = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, arr) if (n < max) out[n++] = (int32_t)it->valueint;
-    return n;
-}
+#include "test_fixtures.h"
 
 typedef struct {
     dol_model *m;
@@ -56,7 +29,7 @@ static fixture open_model(const char *name, int threads, int64_t kv_tokens)
 {
     fixture fx = {0};
     char dir[1200], err[DOL_ERR_LEN];
-    snprintf(dir, sizeof dir, "%s/models/%s", g_shared, name);
+    snprintf(dir, sizeof dir, "%s/models/%s", fixture_shared_dir(), name);
     int rc = dol_model_load(dir, &fx.m, err, sizeof err);
     if (rc != 0) fprintf(stderr, "%s\n", err);
     assert_int_equal(rc, 0);
@@ -120,15 +93,15 @@ static int greedy(dol_engine *e, const int32_t *prompt, int n_prompt, int max_ne
 static void test_stories_golden(void **state)
 {
     (void)state;
-    cJSON *g = load_json("golden/stories260K.json");
+    cJSON *g = fixture_json("golden/stories260K.json");
     assert_non_null(g);
     fixture fx = open_model("stories260K", 2, 0);
     const cJSON *c;
     int cases = 0;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(g, "cases")) {
         int32_t prompt[512], want[512], got[512];
-        int np = ids_from(cJSON_GetObjectItem(c, "prompt_ids"), prompt, 512);
-        int nw = ids_from(cJSON_GetObjectItem(c, "greedy_ids"), want, 512);
+        int np = fixture_ids(cJSON_GetObjectItem(c, "prompt_ids"), prompt, 512);
+        int nw = fixture_ids(cJSON_GetObjectItem(c, "greedy_ids"), want, 512);
         int max_new = cJSON_GetObjectItem(c, "max_tokens")->valueint;
         int ng = greedy(fx.e, prompt, np, max_new, got, NULL, 512);
         assert_int_equal(ng, nw);
@@ -146,7 +119,7 @@ static void test_stories_golden(void **state)
 static void test_tiny_llama2_golden(void **state)
 {
     (void)state;
-    cJSON *g = load_json("golden/tiny-llama2.json");
+    cJSON *g = fixture_json("golden/tiny-llama2.json");
     assert_non_null(g);
     fixture fx = open_model("tiny-llama2", 2, 0);
     int V = dol_engine_vocab_size(fx.e);
@@ -154,8 +127,8 @@ static void test_tiny_llama2_golden(void **state)
     const cJSON *c;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(g, "cases")) {
         int32_t prompt[1024], want[1024], got[1024];
-        int np = ids_from(cJSON_GetObjectItem(c, "prompt_ids"), prompt, 1024);
-        int nw = ids_from(cJSON_GetObjectItem(c, "greedy_ids"), want, 1024);
+        int np = fixture_ids(cJSON_GetObjectItem(c, "prompt_ids"), prompt, 1024);
+        int nw = fixture_ids(cJSON_GetObjectItem(c, "greedy_ids"), want, 1024);
         int max_new = cJSON_GetObjectItem(c, "max_tokens")->valueint;
         const cJSON *margins = cJSON_GetObjectItem(c, "greedy_margins");
         int trusted = 0;
@@ -360,8 +333,7 @@ static void test_sampler(void **state)
 
 int main(void)
 {
-    const char *sh = getenv("DOLPHIN_SHARED");
-    snprintf(g_shared, sizeof g_shared, "%s", sh && *sh ? sh : "../shared");
+    const char *g_shared = fixture_shared_dir();
     char probe[1200];
     snprintf(probe, sizeof probe, "%s/models/stories260K/config.json", g_shared);
     FILE *f = fopen(probe, "r");

@@ -315,24 +315,6 @@ static void test_matmul_batch_invariant(void **state)
 
 /* ---- stories260K through the engine -------------------------------------- */
 
-static cJSON *load_json(const char *rel)
-{
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s", test_shared_dir(), rel);
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
-    buf[n] = 0;
-    fclose(f);
-    cJSON *j = cJSON_Parse(buf);
-    free(buf);
-    return j;
-}
-
 static dol_engine *open_engine(const dol_model *m, dol_weight_format wf, bool head, int threads)
 {
     dol_engine_params p = { .n_threads = threads, .kv_block_size = 16, .max_seqs = 4,
@@ -348,7 +330,7 @@ static dol_engine *open_engine(const dol_model *m, dol_weight_format wf, bool he
 /* The golden story: prompt_ids + greedy_ids of the empty-prompt case. */
 static int golden_story(int32_t *ids, int max)
 {
-    cJSON *g = load_json("golden/stories260K.json");
+    cJSON *g = fixture_json("golden/stories260K.json");
     assert_non_null(g);
     const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(g, "cases"), 0);
     assert_string_equal(cJSON_GetObjectItem(c, "prompt")->valuestring, "");

@@ -1,0 +1,56 @@
+/* tests/fixtures.h — the shared test fixtures ($DOLPHIN_SHARED, else
+ * ../shared beside the checkout: models/ and golden/) as the C tests and
+ * tools/eval_quant.c read them: the root, a JSON file, and id lists. No test
+ * framework here; tests/unit/test_fixtures.h adds cmocka's skip. */
+#ifndef DOLPHIN_TESTS_FIXTURES_H
+#define DOLPHIN_TESTS_FIXTURES_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cjson/cJSON.h>
+
+/* The fixtures' root directory. */
+static inline const char *fixture_shared_dir(void)
+{
+    const char *s = getenv("DOLPHIN_SHARED");
+    return s && *s ? s : "../shared";
+}
+
+/* The JSON file at `path` (as given), parsed; NULL when it cannot be read
+ * or parsed. The caller frees it with cJSON_Delete. */
+static inline cJSON *fixture_json_at(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
+    if (buf) buf[n] = 0;
+    fclose(f);
+    cJSON *j = buf ? cJSON_Parse(buf) : NULL;
+    free(buf);
+    return j;
+}
+
+/* fixture_json_at for `rel` under the fixtures' root ("golden/x.json"). */
+static inline cJSON *fixture_json(const char *rel)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", fixture_shared_dir(), rel);
+    return fixture_json_at(path);
+}
+
+/* Up to max ids of a JSON array of numbers into out; returns how many. */
+static inline int fixture_ids(const cJSON *arr, int32_t *out, int max)
+{
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) if (n < max) out[n++] = (int32_t)it->valueint;
+    return n;
+}
+
+#endif
