@@ -36,7 +36,8 @@
         }                                                                                   \
     } while (0)
 
-#ifdef __CUDACC__
+/* DOL_CUDA_EMU: the same device code, compiled as host C++ by the emulation (emu/) */
+#if defined(__CUDACC__) || defined(DOL_CUDA_EMU)
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
@@ -126,6 +127,6 @@ __device__ __forceinline__ float dol_dot_q_k(const float *q, const __half *k, in
 }
 
 static inline unsigned dol_div_up(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
-#endif /* __CUDACC__ */
+#endif /* __CUDACC__ || DOL_CUDA_EMU */
 
 #endif
