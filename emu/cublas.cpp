@@ -6,7 +6,10 @@
  * the call addresses, that alpha and beta are host values — and then
  * computes C = alpha op(A) op(B) + beta C exactly as cuBLAS defines it
  * (column-major; C is not read when beta is 0), queued on the handle's
- * stream like any other work. Sums in double, rounded once. */
+ * stream like any other work. Sums in double, rounded once. cuBLASLt's
+ * cublasLtMatmul goes through the same checks, its layouts checked against
+ * the operation (column-major, no batches). */
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
@@ -100,16 +103,13 @@ bool extent_ok(const char *fn, const char *name, const void *p, cudaDataType t, 
     return check_device_range(p, elems * type_size(t), what);
 }
 
-cublasStatus_t gemm(const char *fn, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+/* D = alpha op(A) op(B) + beta C on `stream` (cuBLAS: D is C). */
+cublasStatus_t gemm(const char *fn, cudaStream_t stream, cublasOperation_t ta, cublasOperation_t tb, int m,
                     int n, int k, const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
-                    cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc,
-                    cublasComputeType_t comp)
+                    cudaDataType bt, int ldb, const void *beta, const void *C, cudaDataType ct, int ldc,
+                    void *D, int ldd, cublasComputeType_t comp)
 {
     std::lock_guard<std::recursive_mutex> lk(big_lock());
-    if (!g_handles.count(h)) {
-        report("%s: invalid or destroyed handle %p", fn, (void *)h);
-        return CUBLAS_STATUS_NOT_INITIALIZED;
-    }
     const bool ops_ok = (ta == CUBLAS_OP_N || ta == CUBLAS_OP_T || ta == CUBLAS_OP_C) &&
                         (tb == CUBLAS_OP_N || tb == CUBLAS_OP_T || tb == CUBLAS_OP_C);
     if (!ops_ok || m < 0 || n < 0 || k < 0) {
@@ -136,12 +136,12 @@ cublasStatus_t gemm(const char *fn, cublasHandle_t h, cublasOperation_t ta, cubl
     }
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
     int dev = 0;
-    if (!stream_device(h->stream, &dev) || dev != current_device() || dev != h->device) {
+    if (!stream_device(stream, &dev) || dev != current_device()) {
         report("%s: the handle's stream is not on the current device %d", fn, current_device());
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     if ((k > 0 && (!extent_ok(fn, "A", A, at, a_rows, a_cols, lda) || !extent_ok(fn, "B", B, bt, b_rows, b_cols, ldb))) ||
-        !extent_ok(fn, "C", C, ct, m, n, ldc))
+        !extent_ok(fn, "C", C, ct, m, n, ldc) || !extent_ok(fn, "D", D, ct, m, n, ldd))
         return CUBLAS_STATUS_INVALID_VALUE;
     /* host alpha and beta are read when the call is made */
     float al, be;
@@ -153,7 +153,7 @@ cublasStatus_t gemm(const char *fn, cublasHandle_t h, cublasOperation_t ta, cubl
         memcpy(&be, beta, 4);
     }
     auto run = [=]() {
-        std::vector<float> arow((size_t)k), bcol((size_t)k);
+        std::vector<float> bcol((size_t)k);
         for (int j = 0; j < n; j++) {
             for (int p = 0; p < k; p++)
                 bcol[(size_t)p] = load(B, bt, tb == CUBLAS_OP_N ? (size_t)p + (size_t)j * ldb : (size_t)j + (size_t)p * ldb);
@@ -165,15 +165,13 @@ cublasStatus_t gemm(const char *fn, cublasHandle_t h, cublasOperation_t ta, cubl
                     const size_t off = (size_t)i * lda;
                     for (int p = 0; p < k; p++) s += (double)load(A, at, off + (size_t)p) * bcol[(size_t)p];
                 }
-                const size_t ci = (size_t)i + (size_t)j * ldc;
                 float v = al * (float)s;
-                if (be != 0.0f) v += be * load(C, ct, ci);
-                store(C, ct, ci, v);
+                if (be != 0.0f) v += be * load(C, ct, (size_t)i + (size_t)j * ldc);
+                store(D, ct, (size_t)i + (size_t)j * ldd, v);
             }
         }
-        (void)arow;
     };
-    cudaError_t rc = enqueue(h->stream, fn, run);
+    cudaError_t rc = enqueue(stream, fn, run);
     if (rc != cudaSuccess) {
         report("%s: cannot queue the product: %s", fn, cudaGetErrorString(rc));
         return CUBLAS_STATUS_EXECUTION_FAILED;
@@ -288,13 +286,178 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, c
         report("cublasGemmEx: invalid algorithm %d", (int)algo);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-    return gemm("cublasGemmEx", h, ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, comp);
+    std::lock_guard<std::recursive_mutex> lk(big_lock());
+    if (!g_handles.count(h)) {
+        report("cublasGemmEx: invalid or destroyed handle %p", (void *)h);
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    }
+    return gemm("cublasGemmEx", h->stream, ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, C,
+                ldc, comp);
 }
 
 extern "C" cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                                          int n, int k, const float *alpha, const float *A, int lda, const float *B,
                                          int ldb, const float *beta, float *C, int ldc)
 {
-    return gemm("cublasSgemm", h, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, beta, C,
-                CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F);
+    std::lock_guard<std::recursive_mutex> lk(big_lock());
+    if (!g_handles.count(h)) {
+        report("cublasSgemm: invalid or destroyed handle %p", (void *)h);
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    }
+    return gemm("cublasSgemm", h->stream, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, beta, C,
+                CUDA_R_32F, ldc, C, ldc, CUBLAS_COMPUTE_32F);
+}
+
+/* ---- cuBLASLt ---------------------------------------------------------------- */
+
+namespace {
+
+const uint64_t LT_DESC = 0x444f4c4c54444553ull, LT_LAYOUT = 0x444f4c4c544c4159ull;
+std::set<cublasLtHandle_t> g_lt;
+
+/* data[]: magic, compute type, scale type, transa, transb */
+bool desc_ok(cublasLtMatmulDesc_t d) { return d && d->data[0] == LT_DESC; }
+/* data[]: magic, type, rows, cols, ld, order, batch count */
+bool layout_ok(cublasLtMatrixLayout_t l) { return l && l->data[0] == LT_LAYOUT; }
+
+} // namespace
+
+extern "C" cublasStatus_t cublasLtCreate(cublasLtHandle_t *h)
+{
+    std::lock_guard<std::recursive_mutex> lk(big_lock());
+    cublasLtHandle_t c = (cublasLtHandle_t) new cublasContext;
+    g_lt.insert(c);
+    *h = c;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cublasLtDestroy(cublasLtHandle_t h)
+{
+    std::lock_guard<std::recursive_mutex> lk(big_lock());
+    if (!g_lt.erase(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    delete (cublasContext *)h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t comp,
+                                                   cudaDataType_t scale)
+{
+    cublasLtMatmulDesc_t x = new cublasLtMatmulDescOpaque_t();
+    x->data[0] = LT_DESC;
+    x->data[1] = (uint64_t)comp;
+    x->data[2] = (uint64_t)scale;
+    x->data[3] = CUBLAS_OP_N;
+    x->data[4] = CUBLAS_OP_N;
+    *d = x;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d)
+{
+    if (!desc_ok(d)) return CUBLAS_STATUS_INVALID_VALUE;
+    d->data[0] = 0;
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                                         const void *buf, size_t size)
+{
+    if (!desc_ok(d) || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+    if (attr == CUBLASLT_MATMUL_DESC_TRANSA || attr == CUBLASLT_MATMUL_DESC_TRANSB) {
+        int32_t op;
+        if (size != sizeof op) {
+            report("cublasLtMatmulDescSetAttribute: %zu bytes for a transpose attribute (needs %zu)", size, sizeof op);
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
+        memcpy(&op, buf, sizeof op);
+        d->data[attr == CUBLASLT_MATMUL_DESC_TRANSA ? 3 : 4] = (uint64_t)op;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    report("cublasLtMatmulDescSetAttribute: attribute %d is not emulated", (int)attr);
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+extern "C" cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows,
+                                                     uint64_t cols, int64_t ld)
+{
+    cublasLtMatrixLayout_t x = new cublasLtMatrixLayoutOpaque_t();
+    x->data[0] = LT_LAYOUT;
+    x->data[1] = (uint64_t)type;
+    x->data[2] = rows;
+    x->data[3] = cols;
+    x->data[4] = (uint64_t)ld;
+    x->data[5] = CUBLASLT_ORDER_COL;
+    x->data[6] = 1;
+    *l = x;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l)
+{
+    if (!layout_ok(l)) return CUBLAS_STATUS_INVALID_VALUE;
+    l->data[0] = 0;
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
+                                                           const void *buf, size_t size)
+{
+    if (!layout_ok(l) || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+    if (attr == CUBLASLT_MATRIX_LAYOUT_ORDER && size == sizeof(int32_t)) {
+        int32_t v;
+        memcpy(&v, buf, sizeof v);
+        l->data[5] = (uint64_t)v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT && size == sizeof(int32_t)) {
+        int32_t v;
+        memcpy(&v, buf, sizeof v);
+        l->data[6] = (uint64_t)v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    report("cublasLtMatrixLayoutSetAttribute: attribute %d (%zu bytes) is not emulated", (int)attr, size);
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
+                                         cublasLtMatrixLayout_t Al, const void *B, cublasLtMatrixLayout_t Bl,
+                                         const void *beta, const void *C, cublasLtMatrixLayout_t Cl, void *D,
+                                         cublasLtMatrixLayout_t Dl, const cublasLtMatmulAlgo_t *algo, void *ws,
+                                         size_t ws_bytes, cudaStream_t stream)
+{
+    std::lock_guard<std::recursive_mutex> lk(big_lock());
+    (void)algo;
+    if (!g_lt.count(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!desc_ok(d) || !layout_ok(Al) || !layout_ok(Bl) || !layout_ok(Cl) || !layout_ok(Dl)) {
+        report("cublasLtMatmul: a descriptor or layout that was never created or already destroyed");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    const cublasLtMatrixLayout_t ls[4] = { Al, Bl, Cl, Dl };
+    for (int i = 0; i < 4; i++)
+        if (ls[i]->data[5] != CUBLASLT_ORDER_COL || ls[i]->data[6] != 1) {
+            report("cublasLtMatmul: layout %c: only column-major, unbatched layouts are emulated", "ABCD"[i]);
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+        }
+    const cublasOperation_t ta = (cublasOperation_t)d->data[3], tb = (cublasOperation_t)d->data[4];
+    const int m = (int)Dl->data[2], n = (int)Dl->data[3];
+    const int k = (int)(ta == CUBLAS_OP_N ? Al->data[3] : Al->data[2]);
+    const uint64_t want_a[2] = { (uint64_t)(ta == CUBLAS_OP_N ? m : k), (uint64_t)(ta == CUBLAS_OP_N ? k : m) };
+    const uint64_t want_b[2] = { (uint64_t)(tb == CUBLAS_OP_N ? k : n), (uint64_t)(tb == CUBLAS_OP_N ? n : k) };
+    if (Al->data[2] != want_a[0] || Al->data[3] != want_a[1] || Bl->data[2] != want_b[0] ||
+        Bl->data[3] != want_b[1] || Cl->data[2] != (uint64_t)m || Cl->data[3] != (uint64_t)n ||
+        Cl->data[4] != Dl->data[4] || Cl->data[1] != Dl->data[1]) {
+        report("cublasLtMatmul(%s, %s): layouts A %llux%llu, B %llux%llu, C %llux%llu (ld %llu), D %llux%llu (ld %llu) "
+               "do not form a product",
+               op_name(ta), op_name(tb), (unsigned long long)Al->data[2], (unsigned long long)Al->data[3],
+               (unsigned long long)Bl->data[2], (unsigned long long)Bl->data[3], (unsigned long long)Cl->data[2],
+               (unsigned long long)Cl->data[3], (unsigned long long)Cl->data[4], (unsigned long long)Dl->data[2],
+               (unsigned long long)Dl->data[3], (unsigned long long)Dl->data[4]);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (ws_bytes && !check_device_range(ws, ws_bytes, "cublasLtMatmul workspace")) return CUBLAS_STATUS_INVALID_VALUE;
+    return gemm("cublasLtMatmul", stream, ta, tb, m, n, k, alpha, A, (cudaDataType)Al->data[1], (int)Al->data[4], B,
+                (cudaDataType)Bl->data[1], (int)Bl->data[4], beta, C, (cudaDataType)Cl->data[1], (int)Cl->data[4], D,
+                (int)Dl->data[4], (cublasComputeType_t)d->data[1]);
 }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -214,6 +215,62 @@ static void test_cublas_gemm(void **state)
     assert_int_equal(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
 }
 
+/* cublasLtMatmul (T, N), D = A^T B + C with C != D, equals cublasGemmEx
+ * on a copy of C; a layout that does not fit the operation is refused. */
+static void test_cublaslt_matmul(void **state)
+{
+    (void)state;
+    const int m = 6, n = 2, k = 9;
+    float A[k * m], B[k * n], C[m * n], got[m * n], want[m * n];
+    for (int i = 0; i < k * m; i++) A[i] = (float)(i % 7) - 3.0f;
+    for (int i = 0; i < k * n; i++) B[i] = (float)(i % 5) - 2.0f;
+    for (int i = 0; i < m * n; i++) C[i] = (float)i;
+    float *dA, *dB, *dC, *dD;
+    CK(cudaMalloc((void **)&dA, sizeof A));
+    CK(cudaMalloc((void **)&dB, sizeof B));
+    CK(cudaMalloc((void **)&dC, sizeof C));
+    CK(cudaMalloc((void **)&dD, sizeof C));
+    CK(cudaMemcpy(dA, A, sizeof A, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dB, B, sizeof B, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dC, C, sizeof C, cudaMemcpyHostToDevice));
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc, bad;
+    assert_int_equal(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+    const int32_t opT = CUBLAS_OP_T;
+    assert_int_equal(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT),
+                     CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, k, m, k), CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, k, n, k), CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m), CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cublasLtMatrixLayoutCreate(&bad, CUDA_R_32F, m, k, m), CUBLAS_STATUS_SUCCESS);
+    const float one = 1.0f;
+    assert_int_equal(cublasLtMatmul(lt, desc, &one, dA, la, dB, lb, &one, dC, lc, dD, lc, NULL, NULL, 0, 0),
+                     CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cublasLtMatmul(lt, desc, &one, dA, bad, dB, lb, &one, dC, lc, dD, lc, NULL, NULL, 0, 0),
+                     CUBLAS_STATUS_INVALID_VALUE);
+    CK(cudaMemcpy(got, dD, sizeof got, cudaMemcpyDeviceToHost));
+    cublasHandle_t h;
+    assert_int_equal(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+    assert_int_equal(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_32F, k, dB, CUDA_R_32F, k,
+                                  &one, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     CUBLAS_STATUS_SUCCESS);
+    CK(cudaMemcpy(want, dC, sizeof want, cudaMemcpyDeviceToHost));
+    assert_memory_equal(got, want, sizeof got);
+    cublasDestroy(h);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatrixLayoutDestroy(bad);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(lt);
+    CK(cudaFree(dA));
+    CK(cudaFree(dB));
+    CK(cudaFree(dC));
+    CK(cudaFree(dD));
+}
+
 int main(void)
 {
     /* read once, at the emulation's first call */
@@ -224,6 +281,7 @@ int main(void)
         cmocka_unit_test(test_capture_and_replay),
         cmocka_unit_test(test_devices_and_memory),
         cmocka_unit_test(test_cublas_gemm),
+        cmocka_unit_test(test_cublaslt_matmul),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
