@@ -2,7 +2,8 @@
 # scripts/ci-cuda-emu.sh — the CUDA backend tested on the CPU, under the
 # emulation of emu/ (DOLPHIN_CUDA=EMU, no GPU, no nvcc: the CUDA headers
 # only), built with ASan + UBSan into build-emu:
-#   1. ctest -L cuda (kernels, NF4 products, the engine on the fixtures);
+#   1. ctest -L cuda (kernels, NF4 products, the engine on the fixtures,
+#      the emulation's own checks);
 #   2. the same again with every block's threads in reverse order;
 #   3. the HTTP golden, streaming and batch-invariance tests against
 #      `dolphind --backend cuda` from that build;
@@ -21,17 +22,17 @@ stamp() { echo "   ($(( SECONDS - t_start )) s so far)"; }
 
 echo "== build (CUDA emulation, ASan + UBSan, $B)"
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Debug -DDOLPHIN_SANITIZE=ON -DDOLPHIN_CUDA=EMU >/dev/null
-cmake --build "$B" -j"$JOBS" --target dolphind test_cuda_kernels test_cuda_nf4 test_cuda_engine
+cmake --build "$B" -j"$JOBS" --target dolphind test_cuda_kernels test_cuda_nf4 test_cuda_engine test_cuda_emu
 stamp
 
 echo "== CUDA tests under the emulation (ctest -L cuda, threads in forward order)"
 ASAN_OPTIONS=detect_leaks=1 DOLPHIN_CUDA_EMU_ORDER=forward \
-  ctest --test-dir "$B" --output-on-failure --no-tests=error -L cuda
+  ctest --test-dir "$B" --output-on-failure --no-tests=error -j"$JOBS" -L cuda
 stamp
 
 echo "== CUDA tests under the emulation (threads in reverse order)"
 ASAN_OPTIONS=detect_leaks=1 DOLPHIN_CUDA_EMU_ORDER=reverse \
-  ctest --test-dir "$B" --output-on-failure --no-tests=error -L cuda
+  ctest --test-dir "$B" --output-on-failure --no-tests=error -j"$JOBS" -L cuda
 stamp
 
 echo "== HTTP tests against dolphind --backend cuda (emulated, ASan + UBSan)"
