@@ -5,7 +5,8 @@
  * exits or waits elsewhere is reported as the fault it is on a GPU. Static
  * and dynamic shared memory are filled with 0xFF bytes (NaN as floats) at
  * every block start. Thread and block order: DOLPHIN_CUDA_EMU_ORDER =
- * forward (default) | reverse | random[:seed]. */
+ * forward (default) | reverse | random[:seed] (a new thread permutation per
+ * block, the blocks shuffled too). */
 #include "../emu/cuda_emu.h"
 #include "fiber.h"
 #include "internal.h"
@@ -336,8 +337,11 @@ void run_grid(const launch_rec &l)
     make_order(g.order, g.n, 0);
     const uint64_t nb = (uint64_t)l.grid.x * l.grid.y * l.grid.z;
     const uint64_t gx = l.grid.x, gy = l.grid.y;
+    /* blocks: forward, reverse, or (random) shuffled as threads are */
+    if (g.order_mode == 2 && nb <= ((uint64_t)1 << 22)) make_order(g.border, (int)nb, ~(uint64_t)0);
+    else g.border.clear();
     for (uint64_t k = 0; k < nb; k++) {
-        const uint64_t b = g.order_mode == 1 ? nb - 1 - k : k;
+        const uint64_t b = !g.border.empty() ? (uint64_t)g.border[(size_t)k] : g.order_mode == 1 ? nb - 1 - k : k;
         run_block(make_uint3((unsigned)(b % gx), (unsigned)(b / gx % gy), (unsigned)(b / gx / gy)));
     }
     free(g.dyn);

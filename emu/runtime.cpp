@@ -205,10 +205,6 @@ cudaError_t check_copy(void *dst, const void *src, size_t bytes, size_t rows, si
     if (dd && !check_device_range(dst, (rows - 1) * dpitch + bytes, what)) return cudaErrorInvalidValue;
     snprintf(what, sizeof what, "%s source", fn);
     if (sd && !check_device_range(src, (rows - 1) * spitch + bytes, what)) return cudaErrorInvalidValue;
-    if (dd && sd) {
-        const alloc_info *a = find_alloc(dst), *b = find_alloc(src);
-        if (a->device != b->device && false) return cudaErrorInvalidValue;
-    }
     return cudaSuccess;
 }
 
@@ -340,16 +336,15 @@ cudaError_t enqueue(cudaStream_t s0, const char *what, std::function<void()> fn)
         return cudaSuccess;
     }
     device &d = st().devs[(size_t)s->device];
-    if (d.legacy.capture == NULL) {
+    if (s->legacy)
         for (cudaStream_t c : d.streams)
-            if (c->capture && !(c->flags & cudaStreamNonBlocking) && s->legacy) {
+            if (c->capture && !(c->flags & cudaStreamNonBlocking)) {
                 /* the legacy stream would wait for a capturing stream */
                 c->capture_invalid = true;
                 report("%s on the legacy default stream while a blocking stream captures: the capture is "
                        "invalidated", what);
                 return cudaErrorStreamCaptureImplicit;
             }
-    }
     work w;
     w.fn = std::move(fn);
     w.what = what;
@@ -697,9 +692,9 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsig
     if (!r || !st().events.count(ev)) return set_error(cudaErrorInvalidResourceHandle);
     if (!ev->stream) return cudaSuccess;
     if (r->capture) return set_error(cudaErrorStreamCaptureUnsupported);
+    /* an empty item whose dependency is the event's point in its stream */
     cudaError_t rc = enqueue(r, "cudaStreamWaitEvent", nullptr);
-    if (rc == cudaSuccess && !r->legacy) r->q.back().deps.push_back({ ev->stream, ev->seq });
-    else if (rc == cudaSuccess) r->q.back().deps.push_back({ ev->stream, ev->seq });
+    if (rc == cudaSuccess) r->q.back().deps.push_back({ ev->stream, ev->seq });
     return set_error(rc);
 }
 
