@@ -91,16 +91,40 @@ def copy_sources(dst):
 
 
 def why(log):
-    """One line saying how the run failed."""
-    keys = ["dolphin cuda-emu: FAULT", "ERROR: AddressSanitizer", "runtime error", "cublas", "dolphin cuda-emu:",
-            "[  ERROR   ]", "[  FAILED  ]", "error:"]
-    lines = log.splitlines()
-    for k in keys:
-        for ln in lines:
-            if k in ln:
-                ln = ln.strip()
-                return ln[:150] + ("..." if len(ln) > 150 else "")
-    return lines[-1][:150] if lines else "(no output)"
+    """One line saying how the run failed: the emulator's fault, the
+    sanitizer's finding and where, the cuBLAS or CUDA error, or the failed
+    check's message."""
+    lines = [ln.strip() for ln in log.splitlines()]
+    for ln in lines:
+        if "dolphin cuda-emu: FAULT:" in ln:
+            return ln.split("FAULT:", 1)[1].strip()
+    for i, ln in enumerate(lines):
+        if "ERROR: AddressSanitizer:" in ln:
+            kind = ln.split("AddressSanitizer:", 1)[1].split(" on ")[0].strip()
+            access = next((x for x in lines[i + 1:i + 3] if x.startswith(("READ", "WRITE"))), "")
+            access = " ".join(access.split()[:4])
+            frame = next((x for x in lines[i + 1:i + 8] if x.startswith("#0")), "")
+            where = frame.split(" in ", 1)[1] if " in " in frame else frame
+            where = where.replace(str(REPO) + "/", "").split("build-emu-mutants/src/")[-1]
+            return f"ASan {kind}: {access} in {where}"
+        if "runtime error:" in ln:
+            return "UBSan: " + ln.split("runtime error:", 1)[1].strip()
+    for ln in lines:
+        if ln.startswith("dolphin cuda-emu:"):
+            return ln[len("dolphin cuda-emu:"):].strip()
+    for i, ln in enumerate(lines):
+        if ln.startswith("[  ERROR   ] ---") and "[   LINE   ]" not in ln:
+            return ln[len("[  ERROR   ] ---"):].strip()
+        if "[   LINE   ]" in ln and i > 0:
+            return lines[i - 1][:200]
+    for ln in lines:
+        if "[  FAILED  ]" in ln or "error:" in ln:
+            return ln
+    return lines[-1] if lines else "(no output)"
+
+
+def clip(s, n=160):
+    return s if len(s) <= n else s[:n - 3] + "..."
 
 
 def main():
@@ -156,8 +180,8 @@ def main():
                         break
         finally:
             path.write_text(orig)
-        rows.append((name, rel, thread_order, "caught" if caught else "MISSED", f"{by}: {reason}" if caught else
-                     "every test passed", time.time() - t1))
+        rows.append((name, rel, thread_order, "caught" if caught else "MISSED",
+                     clip(f"{by}: {reason}") if caught else "every test passed", time.time() - t1))
         print(f"  {name}: {'caught' if caught else 'MISSED'} ({time.time() - t1:.0f} s)", flush=True)
 
     w = max(len(r[0]) for r in rows) if rows else 10
