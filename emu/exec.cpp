@@ -301,13 +301,9 @@ void run_block(uint3 bi)
                 dol_fiber_switch(&g.main, &t->fib, false);
                 dol_emu_cur = NULL;
             }
-            all_done &= t->state == T_DONE;
+            all_done &= t->state == T_DONE; /* only a running thread changes its state */
         }
-        if (all_done) {
-            for (int k = 0; k < g.n; k++)
-                if (g.th[k].state != T_DONE) { all_done = false; break; }
-            if (all_done) return;
-        }
+        if (all_done) return;
         resolve();
     }
 }
