@@ -62,6 +62,8 @@ struct executor {
     int order_mode = -1;     /* 0 forward, 1 reverse, 2 random */
     uint64_t seed = 0;
     std::vector<int> order, border;
+    int pos = 0;             /* index into order of the thread running in this pass */
+    int n_done = 0;
 };
 executor g;
 
@@ -88,6 +90,8 @@ void init_once(void)
         if (m == MAP_FAILED) fault("cannot map a fiber stack");
         mprotect(m, page, PROT_NONE);
         g.th[i].fib.stack = m + page;
+        /* stagger the stack tops by 64-byte steps: equal offsets modulo
+         * 4 KiB would make every fiber's hot frame share a cache set */
         g.th[i].fib.stack_size = STACK_BYTES;
     }
     const char *o = getenv("DOLPHIN_CUDA_EMU_ORDER");
@@ -141,13 +145,32 @@ void main_stack_bounds(void)
     g.main.stack_size = size;
 }
 
+/* t stops (blocked or done): run the next runnable thread of this pass
+ * directly, fiber to fiber; back to the scheduler when the pass is over. */
+void yield_from(ethread *t, bool dying)
+{
+    for (int k = g.pos + 1; k < g.n; k++) {
+        ethread *u = &g.th[g.order[(size_t)k]];
+        if (u->state == T_RUN) {
+            g.pos = k;
+            g.running = u;
+            dol_emu_cur = &u->b;
+            dol_fiber_switch(&t->fib, &u->fib, dying);
+            return;
+        }
+    }
+    g.pos = g.n;
+    dol_fiber_switch(&t->fib, &g.main, dying);
+}
+
 void fiber_entry(void)
 {
     ethread *t = g.running;
     dol_fiber_started(&t->fib);
     (*g.launch->body)();
     t->state = T_DONE;
-    dol_fiber_switch(&t->fib, &g.main, true);
+    g.n_done++;
+    yield_from(t, true);
     fault("a finished GPU thread was resumed");
 }
 
@@ -291,19 +314,22 @@ void run_block(uint3 bi)
                 dol_fiber_prepare(&t->fib, fiber_entry);
             }
     if (g.order_mode == 2) make_order(g.order, g.n, ((uint64_t)bi.z << 42) ^ ((uint64_t)bi.y << 21) ^ bi.x);
+    g.n_done = 0;
     for (;;) {
-        bool all_done = true;
+        /* one pass: the first runnable thread starts it, each stopping thread
+         * hands over to the next runnable one (yield_from) */
         for (int k = 0; k < g.n; k++) {
             ethread *t = &g.th[g.order[(size_t)k]];
             if (t->state == T_RUN) {
+                g.pos = k;
                 g.running = t;
                 dol_emu_cur = &t->b;
                 dol_fiber_switch(&g.main, &t->fib, false);
                 dol_emu_cur = NULL;
+                break;
             }
-            all_done &= t->state == T_DONE; /* only a running thread changes its state */
         }
-        if (all_done) return;
+        if (g.n_done == g.n) return;
         resolve();
     }
 }
@@ -353,7 +379,7 @@ extern "C" void dol_emu_syncthreads(void)
 {
     ethread *t = current_thread("__syncthreads");
     t->state = T_WAIT_BAR;
-    dol_fiber_switch(&t->fib, &g.main, false);
+    yield_from(t, false);
 }
 
 extern "C" uint64_t dol_emu_warp_op(int kind, unsigned mask, uint64_t value, int arg, int width)
@@ -365,7 +391,7 @@ extern "C" uint64_t dol_emu_warp_op(int kind, unsigned mask, uint64_t value, int
     t->warg = arg;
     t->wwidth = width;
     t->state = T_WAIT_WARP;
-    dol_fiber_switch(&t->fib, &g.main, false);
+    yield_from(t, false);
     return t->wout;
 }
 

@@ -18,6 +18,7 @@
 #endif
 
 #ifdef DOL_FIBER_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -67,6 +68,15 @@ bool dol_fiber_fast(void)
 
 void dol_fiber_prepare(dol_fiber *f, void (*entry)(void))
 {
+#ifdef DOL_FIBER_ASAN
+    /* the frames a fiber abandons when it ends keep their redzones poisoned;
+     * clear them before the stack is used again */
+    if (f->dead_low) {
+        char *top = f->stack + f->stack_size;
+        __asan_unpoison_memory_region(f->dead_low, (size_t)(top - f->dead_low));
+        f->dead_low = NULL;
+    }
+#endif
 #ifdef DOL_FIBER_HAVE_FAST
     if (dol_fiber_fast()) {
         /* the frame dol_fiber_swap pops: six registers (zero), then the
@@ -90,6 +100,10 @@ void dol_fiber_prepare(dol_fiber *f, void (*entry)(void))
 void dol_fiber_switch(dol_fiber *from, dol_fiber *to, bool dying)
 {
 #ifdef DOL_FIBER_ASAN
+    if (dying) {
+        char *low = (char *)__builtin_frame_address(0) - 512; /* this frame and the switch's */
+        from->dead_low = low > from->stack ? low : from->stack;
+    }
     __sanitizer_start_switch_fiber(dying ? NULL : &from->asan_fake, to->stack, to->stack_size);
 #else
     (void)dying;

@@ -15,6 +15,7 @@ struct dol_fiber {
     char *stack;       /* lowest address of the usable stack */
     size_t stack_size;
     void *asan_fake;   /* AddressSanitizer's fake stack while switched away */
+    char *dead_low;    /* lowest address of the frames abandoned when it last ended */
 };
 
 /* Whether the fast switch is in use (decided once, from the environment). */

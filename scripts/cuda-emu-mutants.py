@@ -166,8 +166,9 @@ def main():
             if b.returncode != 0:
                 caught, by, reason = True, "build", why(b.stdout + b.stderr)
             else:
+                # CMOCKA_TEST_ABORT: the first failed check ends the run
                 env = dict(os.environ, DOLPHIN_SHARED=shared, ASAN_OPTIONS="detect_leaks=0",
-                           DOLPHIN_CUDA_EMU_ORDER=thread_order)
+                           DOLPHIN_CUDA_EMU_ORDER=thread_order, CMOCKA_TEST_ABORT="1")
                 for t in order + [x for x in TESTS if x not in order]:
                     try:
                         r = subprocess.run([str(build / t)], env=env, capture_output=True, text=True,
