@@ -21,9 +21,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 # name, file, text to find (exactly once), replacement, test order, thread order
 MUTANTS = [
-    ("out-of-bounds write", "kernels/embedding.cu",
-     "for (int i = threadIdx.x; i < d; i += blockDim.x) out[i]",
-     "for (int i = threadIdx.x; i <= d; i += blockDim.x) out[i]",
+    ("out-of-bounds write", "kernels/silu_mul.cu",
+     "out[idx] = __float2half_rn(g / (1.0f + expf(-g)) * u);",
+     "out[idx + 1] = __float2half_rn(g / (1.0f + expf(-g)) * u);",
      ["test_cuda_kernels"], "forward"),
     ("removed barrier", "kernels/attention_prefill.cu",
      "        __syncthreads();\n        /* keys kv0",
