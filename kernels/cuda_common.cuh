@@ -12,15 +12,34 @@
 #define DOLPHIN_CUDA_COMMON_CUH
 
 #include <cuda_runtime_api.h>
+#include <stdio.h>
 
 #include "dolphin/common.h"
+
+/* "device N (compute capability X.Y)": the current device, for error
+ * messages, so a failure names the hardware it happened on. */
+static inline const char *dol_cuda_where(char *buf, size_t n)
+{
+    int dev = -1, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(buf, n, "device %d (compute capability unknown)", dev);
+    } else {
+        snprintf(buf, n, "device %d (compute capability %d.%d)", dev, major, minor);
+    }
+    return buf;
+}
 
 #define CUDA_CHECK(call)                                                                    \
     do {                                                                                    \
         cudaError_t cc_rc_ = (call);                                                        \
         if (cc_rc_ != cudaSuccess) {                                                        \
-            dol_set_err(err, errlen, "cuda: %s failed: %s (%s:%d)", #call,                  \
-                        cudaGetErrorString(cc_rc_), __FILE__, __LINE__);                    \
+            char cc_where_[80];                                                             \
+            dol_set_err(err, errlen, "cuda: %s failed: %s (%s) on %s (%s:%d)", #call,       \
+                        cudaGetErrorString(cc_rc_), cudaGetErrorName(cc_rc_),               \
+                        dol_cuda_where(cc_where_, sizeof cc_where_), __FILE__, __LINE__);   \
             return -1;                                                                      \
         }                                                                                   \
     } while (0)
@@ -30,13 +49,16 @@
     do {                                                                                    \
         cublasStatus_t cb_rc_ = (call);                                                     \
         if (cb_rc_ != CUBLAS_STATUS_SUCCESS) {                                              \
-            dol_set_err(err, errlen, "cublas: %s failed: %s (%s:%d)", #call,                \
-                        cublasGetStatusString(cb_rc_), __FILE__, __LINE__);                 \
+            char cb_where_[80];                                                             \
+            dol_set_err(err, errlen, "cublas: %s failed: %s on %s (%s:%d)", #call,          \
+                        cublasGetStatusString(cb_rc_),                                      \
+                        dol_cuda_where(cb_where_, sizeof cb_where_), __FILE__, __LINE__);   \
             return -1;                                                                      \
         }                                                                                   \
     } while (0)
 
-#ifdef __CUDACC__
+/* DOL_CUDA_EMU: the same device code, compiled as host C++ by the emulation (emu/) */
+#if defined(__CUDACC__) || defined(DOL_CUDA_EMU)
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
@@ -126,6 +148,6 @@ __device__ __forceinline__ float dol_dot_q_k(const float *q, const __half *k, in
 }
 
 static inline unsigned dol_div_up(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
-#endif /* __CUDACC__ */
+#endif /* __CUDACC__ || DOL_CUDA_EMU */
 
 #endif

@@ -50,8 +50,11 @@ int dol_engine_create_with(const dol_backend_ops *ops, const dol_model *model,
 extern const dol_backend_ops dol_cpu_backend;
 #ifdef DOLPHIN_HAVE_CUDA
 extern const dol_backend_ops dol_cuda_backend;
-/* True when a CUDA device is present and usable. */
+/* True when a CUDA device is present and usable; logs why not otherwise. */
 bool dol_cuda_device_usable(void);
+/* The same check, silent: why holds the reason (the CUDA error string, the
+ * device and its compute capability), or the device used. */
+bool dol_cuda_device_check(char *why, size_t n);
 #endif
 
 #endif

@@ -149,8 +149,9 @@ static int dalloc(cuda_engine *e, void *out, size_t bytes, const char *what, cha
     void *p = NULL;
     cudaError_t rc = cudaMalloc(&p, bytes ? bytes : 256);
     if (rc != cudaSuccess) {
-        dol_set_err(err, errlen, "cuda: cannot allocate %.1f MiB for %s: %s", MIB(bytes), what,
-                    cudaGetErrorString(rc));
+        char where[80];
+        dol_set_err(err, errlen, "cuda: cannot allocate %.1f MiB for %s: %s (%s) on %s", MIB(bytes), what,
+                    cudaGetErrorString(rc), cudaGetErrorName(rc), dol_cuda_where(where, sizeof where));
         return -1;
     }
     e->allocs[e->n_allocs++] = p;
@@ -192,7 +193,9 @@ static void *up_next(uploader *u, char *err, size_t errlen)
 {
     cudaError_t rc = cudaEventSynchronize(u->done[u->cur]);
     if (rc != cudaSuccess) {
-        dol_set_err(err, errlen, "cuda: weight upload failed: %s", cudaGetErrorString(rc));
+        char where[80];
+        dol_set_err(err, errlen, "cuda: weight upload failed: %s (%s) on %s", cudaGetErrorString(rc),
+                    cudaGetErrorName(rc), dol_cuda_where(where, sizeof where));
         return NULL;
     }
     return u->stage[u->cur];
@@ -592,18 +595,25 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
         if (rc == cudaSuccess) rc = cudaFree(NULL);
         if (rc == cudaSuccess) rc = cudaStreamCreateWithFlags(&e->stream, cudaStreamNonBlocking);
         if (rc != cudaSuccess) {
-            dol_set_err(err, errlen, "cuda: cannot initialise device %d: %s", e->dev, cudaGetErrorString(rc));
+            char where[80];
+            dol_set_err(err, errlen, "cuda: cannot initialise device %d: %s (%s) on %s", e->dev,
+                        cudaGetErrorString(rc), cudaGetErrorName(rc), dol_cuda_where(where, sizeof where));
             goto fail;
         }
         g_cuda_dev = e->dev;
         cublasStatus_t bs_rc = cublasCreate(&e->blas);
         if (bs_rc != CUBLAS_STATUS_SUCCESS) {
             e->blas = NULL;
-            dol_set_err(err, errlen, "cublas: cannot create a handle: %s", cublasGetStatusString(bs_rc));
+            char where[80];
+            dol_set_err(err, errlen, "cublas: cannot create a handle: %s on %s", cublasGetStatusString(bs_rc),
+                        dol_cuda_where(where, sizeof where));
             goto fail;
         }
-        if (cublasSetStream(e->blas, e->stream) != CUBLAS_STATUS_SUCCESS) {
-            dol_set_err(err, errlen, "cublas: cannot set the stream");
+        bs_rc = cublasSetStream(e->blas, e->stream);
+        if (bs_rc != CUBLAS_STATUS_SUCCESS) {
+            char where[80];
+            dol_set_err(err, errlen, "cublas: cannot set the stream: %s on %s", cublasGetStatusString(bs_rc),
+                        dol_cuda_where(where, sizeof where));
             goto fail;
         }
     }
@@ -616,7 +626,9 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
     {
         cudaError_t rc = cudaMemGetInfo(&free0, &total);
         if (rc != cudaSuccess) {
-            dol_set_err(err, errlen, "cuda: cudaMemGetInfo failed: %s", cudaGetErrorString(rc));
+            char where[80];
+            dol_set_err(err, errlen, "cuda: cudaMemGetInfo failed: %s (%s) on %s", cudaGetErrorString(rc),
+                        cudaGetErrorName(rc), dol_cuda_where(where, sizeof where));
             goto fail;
         }
     }
@@ -741,9 +753,11 @@ static void cuda_copy_block(void *impl, int32_t src, int32_t dst, int rows)
         dol_cuda_kv kv = kv_view(e, 0);
         rc = dol_cuda_kv_copy_block(&kv, e->c.n_layers, src, dst, rows, e->stream);
     }
-    if (rc != cudaSuccess && !e->deferred[0])
-        snprintf(e->deferred, sizeof e->deferred, "cuda: KV block copy %d -> %d failed: %s", src, dst,
-                 cudaGetErrorString(rc));
+    if (rc != cudaSuccess && !e->deferred[0]) {
+        char where[80];
+        snprintf(e->deferred, sizeof e->deferred, "cuda: KV block copy %d -> %d failed: %s (%s) on %s", src,
+                 dst, cudaGetErrorString(rc), cudaGetErrorName(rc), dol_cuda_where(where, sizeof where));
+    }
 }
 
 /* ---- the forward pass ------------------------------------------------------ */
@@ -818,14 +832,18 @@ static int capture_decode(cuda_engine *e, int B, char *err, size_t errlen)
     int rc = enqueue_step(e, B, B, 0, B, err, errlen);
     cudaError_t end = cudaStreamEndCapture(e->stream, &g);
     if (rc == 0 && end != cudaSuccess) {
-        dol_set_err(err, errlen, "cudaStreamEndCapture: %s", cudaGetErrorString(end));
+        char where[80];
+        dol_set_err(err, errlen, "cudaStreamEndCapture: %s (%s) on %s", cudaGetErrorString(end),
+                    cudaGetErrorName(end), dol_cuda_where(where, sizeof where));
         rc = -1;
     }
     if (rc == 0) {
         cudaError_t ie = cudaGraphInstantiate(&e->graph[B], g, 0);
         if (ie != cudaSuccess) {
             e->graph[B] = NULL;
-            dol_set_err(err, errlen, "cudaGraphInstantiate: %s", cudaGetErrorString(ie));
+            char where[80];
+            dol_set_err(err, errlen, "cudaGraphInstantiate: %s (%s) on %s", cudaGetErrorString(ie),
+                        cudaGetErrorName(ie), dol_cuda_where(where, sizeof where));
             rc = -1;
         }
     }
@@ -947,22 +965,49 @@ const dol_backend_ops dol_cuda_backend = {
     .memory_info = cuda_memory_info,
 };
 
-bool dol_cuda_device_usable(void)
+bool dol_cuda_device_check(char *why, size_t n)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+    int count = 0;
+    cudaError_t rc = cudaGetDeviceCount(&count);
+    if (rc != cudaSuccess || count < 1) {
         (void)cudaGetLastError();
+        snprintf(why, n, "no CUDA device: cudaGetDeviceCount: %s (%s), %d devices",
+                 cudaGetErrorString(rc), cudaGetErrorName(rc), count);
         return false;
     }
     int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess ||
-        major * 10 + minor < 75 || cudaSetDevice(0) != cudaSuccess ||
-        dol_cuda_kernels_loadable() != cudaSuccess) {
+    rc = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    if (rc == cudaSuccess) rc = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+    if (rc != cudaSuccess) {
         (void)cudaGetLastError();
+        snprintf(why, n, "device 0: cannot read its compute capability: %s (%s)", cudaGetErrorString(rc),
+                 cudaGetErrorName(rc));
         return false;
     }
+    if (major * 10 + minor < 75) {
+        snprintf(why, n, "device 0 (compute capability %d.%d): below 7.5, the oldest this build supports",
+                 major, minor);
+        return false;
+    }
+    rc = cudaSetDevice(0);
+    if (rc == cudaSuccess) rc = dol_cuda_kernels_loadable();
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, n, "device 0 (compute capability %d.%d): %s (%s)", major, minor, cudaGetErrorString(rc),
+                 cudaGetErrorName(rc));
+        return false;
+    }
+    snprintf(why, n, "device 0 (compute capability %d.%d)", major, minor);
     return true;
+}
+
+bool dol_cuda_device_usable(void)
+{
+    char why[256];
+    if (dol_cuda_device_check(why, sizeof why)) return true;
+    char q[300];
+    dol_log(DOL_LOG_WARN, "cuda_unusable", "reason=%s", dol_log_quote(why, q, sizeof q));
+    return false;
 }
 
 /* ---- NVML, loaded at run time ------------------------------------------------ */

@@ -34,9 +34,10 @@ int dol_engine_create(const dol_model *model, const dol_engine_params *p,
     const dol_backend_ops *ops = &dol_cpu_backend;
     if (p->backend == DOL_BACKEND_CUDA || p->backend == DOL_BACKEND_AUTO) {
 #ifdef DOLPHIN_HAVE_CUDA
-        if (dol_cuda_device_usable()) ops = &dol_cuda_backend;
+        char why[256];
+        if (dol_cuda_device_check(why, sizeof why)) ops = &dol_cuda_backend;
         else if (p->backend == DOL_BACKEND_CUDA) {
-            dol_set_err(err, errlen, "backend: cuda requested but no usable CUDA device was found");
+            dol_set_err(err, errlen, "backend: cuda requested but no usable CUDA device was found: %s", why);
             return -1;
         }
 #else

@@ -10,11 +10,26 @@
 
 #include <cuda_runtime_api.h>
 
+/* "device N (compute capability X.Y)" of the current device */
+static const char *where(char *buf, size_t n)
+{
+    int dev = -1, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess)
+        snprintf(buf, n, "device %d (compute capability %d.%d)", dev, major, minor);
+    else
+        snprintf(buf, n, "device %d (compute capability unknown)", dev);
+    return buf;
+}
+
 #define CHECK(call)                                                                         \
     do {                                                                                    \
         cudaError_t rc_ = (call);                                                           \
         if (rc_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "dol-cuda-membw: %s: %s\n", #call, cudaGetErrorString(rc_));    \
+            char w_[80];                                                                    \
+            fprintf(stderr, "dol-cuda-membw: %s: %s (%s) on %s\n", #call,                   \
+                    cudaGetErrorString(rc_), cudaGetErrorName(rc_), where(w_, sizeof w_));  \
             return 1;                                                                       \
         }                                                                                   \
     } while (0)
@@ -24,8 +39,10 @@ int main(int argc, char **argv)
     size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 2048;
     if (mib == 0) mib = 2048;
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        printf("dol-cuda-membw: no CUDA device; skipping\n");
+    cudaError_t rc = cudaGetDeviceCount(&n);
+    if (rc != cudaSuccess || n == 0) {
+        printf("dol-cuda-membw: no CUDA device (cudaGetDeviceCount: %s, %s); skipping\n",
+               cudaGetErrorString(rc), cudaGetErrorName(rc));
         return 77;
     }
     size_t bytes = mib << 20;
