@@ -14,8 +14,9 @@
  * b holds, for every layer l and for K (w = 0) and V (w = 1), block_size rows
  * of kv_dim values:
  *   row(b, l, w, r) = pool + b*block_elems + ((l*2 + w)*block_size + r)*kv_dim
- * with block_elems = n_layers * 2 * block_size * kv_dim. The same layout as
- * the CPU backend, in FP16. Position p of the sequence of item i lives in
+ * with block_elems = n_layers * 2 * block_size * kv_dim: whole token rows,
+ * unlike the CPU backend, which keeps each KV head's run of positions
+ * together. Position p of the sequence of item i lives in
  * block tables[i*max_blocks + p / block_size], row p % block_size. */
 #ifndef DOLPHIN_KERNELS_H
 #define DOLPHIN_KERNELS_H

@@ -42,14 +42,14 @@ cat > "$B/dolphind-cuda" <<WRAP
 exec "$PWD/$B/dolphind" --backend cuda "\$@"
 WRAP
 chmod +x "$B/dolphind-cuda"
-DOLPHIN_BIN="$PWD/$B/dolphind-cuda" ASAN_OPTIONS=detect_leaks=1 /usr/bin/python3 -m pytest \
+DOLPHIN_BIN="$PWD/$B/dolphind-cuda" ASAN_OPTIONS=detect_leaks=1 "$PWD/.venv/bin/python" -m pytest \
   tests/http/test_golden.py tests/http/test_api_streaming.py \
   "tests/http/test_scheduler.py::test_batch_invariance" -q -p no:cacheprovider
 stamp
 
 if [ "${CUDA_EMU_SKIP_MUTANTS:-0}" != 1 ]; then
   echo "== mutation check (defects injected into copies of the CUDA code)"
-  /usr/bin/python3 scripts/cuda-emu-mutants.py --work "$B-mutants"
+  "$PWD/.venv/bin/python" scripts/cuda-emu-mutants.py --work "$B-mutants"
   stamp
 fi
 echo "== CUDA emulation: all passed"

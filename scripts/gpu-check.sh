@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu-check.sh — the CUDA backend on a GPU machine, in one go (issue 4):
+# scripts/gpu-check.sh — the CUDA backend on a GPU machine, in one go:
 #   1. build with CUDA into build-cuda/ (architectures $CUDA_ARCHS, default
 #      "native": only the GPU present, to keep the build short);
 #   2. the device-to-device copy bandwidth (build-cuda/dol-cuda-membw), which
@@ -12,7 +12,7 @@
 #      kept under $SCRATCH, default /tmp/dolphin-gpu-check, for later runs);
 #   5. the engine benchmark (dol-bench-engine --backend cuda): prefill of a
 #      512-token prompt, decode at batch 1 and 8, time to ready; then the same
-#      with --weights nf4 (issue 5: linear layers and lm_head quantized at
+#      with --weights nf4 (linear layers and lm_head quantized at
 #      load on $JOBS host threads);
 #   6. a table (also in summary.md): those figures, batch-1 decode as a
 #      fraction of the memory roofline (bytes read per decode step divided by

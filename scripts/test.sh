@@ -4,8 +4,10 @@
 # (ctest), the HTTP tests against a live dolphind (pytest from the .venv that
 # setup.sh builds: the official `openai` client suite and the schemathesis
 # run against docs/openapi.yaml are part of them), the fuzz targets (scripts/fuzz.sh,
-# DOLPHIN_FUZZ_SECONDS each, default 45 here) and the soak test
-# (tests/soak). Fixtures come from $DOLPHIN_SHARED (default ../shared).
+# DOLPHIN_FUZZ_SECONDS each, default 45 here), the soak test (tests/soak),
+# and the CUDA backend under the CUDA emulation (scripts/ci-cuda-emu.sh:
+# kernels, engine and HTTP tests on the CPU, both thread orders, the mutation
+# check). Fixtures come from $DOLPHIN_SHARED (default ../shared).
 # Exits non-zero when anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,4 +39,6 @@ DOLPHIN_FUZZ_SECONDS="${DOLPHIN_FUZZ_SECONDS:-45}" bash scripts/fuzz.sh
 echo "== soak test (tests/soak/soak.py: build/dolphind, then build-asan/dolphind)"
 "$PY" tests/soak/soak.py --bin "$PWD/build/dolphind"
 "$PY" tests/soak/soak.py --bin "$PWD/build-asan/dolphind" --no-rss-check
+echo "== CUDA backend on the CPU (DOLPHIN_CUDA=EMU, ASan + UBSan: scripts/ci-cuda-emu.sh)"
+bash scripts/ci-cuda-emu.sh
 echo "== all tests passed"

@@ -274,7 +274,7 @@ int main(int argc, char **argv)
     ep.weights = cfg.weights;
     ep.quantize_lm_head = cfg.quantize_lm_head;
     ep.backend = cfg.backend;
-    ep.gpu_memory_fraction = cfg.gpu_memory_utilization;
+    ep.gpu_memory_utilization = cfg.gpu_memory_utilization;
     if (dol_engine_create(model, &ep, &engine, err, sizeof err) != 0) goto out;
     load_watch_stop(&watch);
     watching = false;

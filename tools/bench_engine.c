@@ -752,7 +752,7 @@ int main(int argc, char **argv)
     if ((int64_t)(max_prompt + bs - 1) / bs * bs > kv_tokens) kv_tokens = (int64_t)(max_prompt + bs - 1) / bs * bs;
     int max_tokens = max_prompt > max_b ? max_prompt : max_b;
     if (max_tokens < SHORT_PROMPT) max_tokens = SHORT_PROMPT;
-    dol_engine_params ep = { .backend = backend, .gpu_memory_fraction = 0.90,
+    dol_engine_params ep = { .backend = backend, .gpu_memory_utilization = 0.90,
                              .n_threads = threads, .kv_block_size = bs,
                              .kv_cache_tokens = kv_tokens, .max_seqs = max_b + 1,
                              .max_batch_tokens = max_tokens, .context_len = 0,

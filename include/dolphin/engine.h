@@ -48,7 +48,7 @@ typedef enum {
 
 typedef struct {
     dol_backend_kind backend;
-    double gpu_memory_fraction; /* CUDA: share of device memory Dolphin may
+    double gpu_memory_utilization; /* CUDA: share of device memory Dolphin may
                                    use for weights + KV cache + workspaces
                                    (default 0.90) */
     int n_threads;            /* threads of the matmul pool (>= 1) */

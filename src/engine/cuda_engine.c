@@ -535,9 +535,9 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
                     c->head_dim, DOL_CUDA_MAX_HEAD_DIM);
         return -1;
     }
-    double frac = p->gpu_memory_fraction > 0 ? p->gpu_memory_fraction : 0.90;
+    double frac = p->gpu_memory_utilization > 0 ? p->gpu_memory_utilization : 0.90;
     if (frac > 1.0) {
-        dol_set_err(err, errlen, "gpu_memory_fraction: %.3f is not in (0, 1]", frac);
+        dol_set_err(err, errlen, "gpu_memory_utilization: %.3f is not in (0, 1]", frac);
         return -1;
     }
     cuda_engine *e = calloc(1, sizeof *e);
@@ -619,7 +619,7 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
     }
 
     /* Memory budget: Dolphin may bring the device's use up to
-     * gpu_memory_fraction of its total, what is already in use (this
+     * gpu_memory_utilization of its total, what is already in use (this
      * context, other processes) included, less RESERVE_BYTES kept for the
      * runtime. Weights and workspaces first, the KV pool from the rest. */
     size_t free0 = 0, total = 0;
@@ -640,7 +640,7 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
     if (fixed > avail) {
         dol_set_err(err, errlen,
                     "cuda: model %s does not fit: weights %.0f MiB + workspaces %.0f MiB need "
-                    "%.0f MiB, but gpu_memory_fraction %.2f of %.0f MiB leaves %.0f MiB (%.0f MiB "
+                    "%.0f MiB, but gpu_memory_utilization %.2f of %.0f MiB leaves %.0f MiB (%.0f MiB "
                     "already in use, %.0f MiB kept for the runtime): short by %.0f MiB",
                     m->name, MIB(e->weight_bytes), MIB(fixed - (double)e->weight_bytes), MIB(fixed),
                     frac, MIB(total), MIB(avail > 0 ? avail : 0), MIB(in_use), MIB(RESERVE_BYTES),
@@ -653,7 +653,7 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
         if ((double)blocks * (double)block_bytes > room) {
             dol_set_err(err, errlen,
                         "kv_cache: %lld blocks of %d tokens (%.0f MiB) do not fit: after weights "
-                        "and workspaces, gpu_memory_fraction %.2f leaves %.0f MiB: short by %.0f MiB",
+                        "and workspaces, gpu_memory_utilization %.2f leaves %.0f MiB: short by %.0f MiB",
                         (long long)blocks, bs, MIB((double)blocks * block_bytes), frac, MIB(room),
                         MIB((double)blocks * block_bytes - room));
             goto fail;
@@ -666,7 +666,7 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
         if (blocks < e->max_blocks) {
             dol_set_err(err, errlen,
                         "kv_cache: one full context of %d tokens needs %.0f MiB of KV cache, but "
-                        "gpu_memory_fraction %.2f leaves %.0f MiB after weights and workspaces: "
+                        "gpu_memory_utilization %.2f leaves %.0f MiB after weights and workspaces: "
                         "short by %.0f MiB",
                         ctx, MIB((double)e->max_blocks * block_bytes), frac, MIB(room),
                         MIB((double)e->max_blocks * block_bytes - room));

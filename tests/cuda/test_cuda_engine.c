@@ -72,7 +72,7 @@ typedef struct {
 
 static dol_engine_params cuda_params(int64_t kv_tokens, int max_seqs)
 {
-    dol_engine_params p = { .backend = DOL_BACKEND_CUDA, .gpu_memory_fraction = 0.90, .n_threads = 1,
+    dol_engine_params p = { .backend = DOL_BACKEND_CUDA, .gpu_memory_utilization = 0.90, .n_threads = 1,
                             .kv_block_size = 16, .kv_cache_tokens = kv_tokens, .max_seqs = max_seqs,
                             .max_batch_tokens = 1024 };
     return p;
@@ -399,7 +399,7 @@ static void test_graphs_match_eager(void **state)
 
 /* kv_cache_tokens 0: the pool holds max_seqs full contexts when the budget
  * allows (it does on any supported GPU for this model); memory figures come
- * from the device. A tiny gpu_memory_fraction fails with the shortfall. */
+ * from the device. A tiny gpu_memory_utilization fails with the shortfall. */
 static void test_memory_sizing(void **state)
 {
     (void)state;
@@ -415,7 +415,7 @@ static void test_memory_sizing(void **state)
     assert_int_equal(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
     assert_true(total == total_b && used > 0 && used <= total);
     dol_engine_params p = cuda_params(0, 16);
-    p.gpu_memory_fraction = 0.0001;
+    p.gpu_memory_utilization = 0.0001;
     dol_engine *e2 = NULL;
     char err[DOL_ERR_LEN] = "";
     assert_int_equal(dol_engine_create(fx.m, &p, &e2, err, sizeof err), -1);

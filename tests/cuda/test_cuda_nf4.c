@@ -429,7 +429,7 @@ static void echo(dol_engine *e, const int32_t *ids, int n, float *logits)
 
 static dol_engine *open_engine(const dol_model *m, dol_backend_kind backend, bool quantize_lm_head)
 {
-    dol_engine_params p = { .backend = backend, .gpu_memory_fraction = 0.90, .n_threads = 2,
+    dol_engine_params p = { .backend = backend, .gpu_memory_utilization = 0.90, .n_threads = 2,
                             .kv_block_size = 16, .kv_cache_tokens = 4096, .max_seqs = 4,
                             .max_batch_tokens = 1024, .weights = DOL_WEIGHTS_NF4,
                             .quantize_lm_head = quantize_lm_head };
