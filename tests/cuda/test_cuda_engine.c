@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "../fixtures.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,33 +39,7 @@
 #define MARGIN_BOUND (2 * LOGIT_BOUND)
 #define SAME_BOUND 1e-3
 
-static char g_shared[1024];
 
-static cJSON *load_json(const char *rel)
-{
-    char path[1400];
-    snprintf(path, sizeof path, "%s/%s", g_shared, rel);
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
-    buf[n] = 0;
-    fclose(f);
-    cJSON *j = cJSON_Parse(buf);
-    free(buf);
-    return j;
-}
-
-static int ids_from(const cJSON *arr, int32_t *out, int max)
-{
-    int n = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, arr) if (n < max) out[n++] = (int32_t)it->valueint;
-    return n;
-}
 
 typedef struct {
     dol_model *m;
@@ -82,7 +58,7 @@ static fixture open_model(const char *name, int64_t kv_tokens, int max_seqs)
 {
     fixture fx = { 0 };
     char dir[1200], err[DOL_ERR_LEN];
-    snprintf(dir, sizeof dir, "%s/models/%s", g_shared, name);
+    snprintf(dir, sizeof dir, "%s/models/%s", fixture_shared_dir(), name);
     int rc = dol_model_load(dir, &fx.m, err, sizeof err);
     if (rc != 0) fail_msg("%s", err);
     dol_engine_params p = cuda_params(kv_tokens, max_seqs);
@@ -165,7 +141,7 @@ static void golden(const char *model, int chunk)
 {
     char rel[128];
     snprintf(rel, sizeof rel, "golden/%s.json", model);
-    cJSON *g = load_json(rel);
+    cJSON *g = fixture_json(rel);
     assert_non_null(g);
     fixture fx = open_model(model, 0, 4);
     int V = dol_engine_vocab_size(fx.e);
@@ -174,8 +150,8 @@ static void golden(const char *model, int chunk)
     int cases = 0;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(g, "cases")) {
         int32_t prompt[1024], want[1024], got[1024];
-        int np = ids_from(cJSON_GetObjectItem(c, "prompt_ids"), prompt, 1024);
-        int nw = ids_from(cJSON_GetObjectItem(c, "greedy_ids"), want, 1024);
+        int np = fixture_ids(cJSON_GetObjectItem(c, "prompt_ids"), prompt, 1024);
+        int nw = fixture_ids(cJSON_GetObjectItem(c, "greedy_ids"), want, 1024);
         int max_new = cJSON_GetObjectItem(c, "max_tokens")->valueint;
         const cJSON *margins = cJSON_GetObjectItem(c, "greedy_margins");
         int trusted = 0; /* steps before the first one below the FP16 bound */
@@ -436,8 +412,7 @@ int main(void)
         return 77;
 #endif
     }
-    const char *sh = getenv("DOLPHIN_SHARED");
-    snprintf(g_shared, sizeof g_shared, "%s", sh && *sh ? sh : "../shared");
+    const char *g_shared = fixture_shared_dir();
     char probe[1200];
     snprintf(probe, sizeof probe, "%s/models/tiny-llama2/config.json", g_shared);
     FILE *f = fopen(probe, "r");

@@ -48,6 +48,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "../fixtures.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -347,18 +349,7 @@ static cJSON *load_json(const char *rel)
 {
     char path[1400];
     snprintf(path, sizeof path, "%s/%s", g_shared, rel);
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
-    buf[n] = 0;
-    fclose(f);
-    cJSON *j = cJSON_Parse(buf);
-    free(buf);
-    return j;
+    return fixture_json_at(path);
 }
 
 static int32_t argmax(const float *x, int n)
