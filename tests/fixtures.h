@@ -1,10 +1,13 @@
 /* tests/fixtures.h — the shared test fixtures ($DOLPHIN_SHARED, else
  * ../shared beside the checkout: models/ and golden/) as the C tests and
- * tools/eval_quant.c read them: the root, a JSON file, and id lists. No test
+ * tools/eval_quant.c read them: the root, a JSON file, and id lists; and the
+ * logits helpers that comparisons with the golden outputs use. No test
  * framework here; tests/unit/test_fixtures.h adds cmocka's skip. */
 #ifndef DOLPHIN_TESTS_FIXTURES_H
 #define DOLPHIN_TESTS_FIXTURES_H
 
+#include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +54,34 @@ static inline int fixture_ids(const cJSON *arr, int32_t *out, int max)
     const cJSON *it;
     cJSON_ArrayForEach(it, arr) if (n < max) out[n++] = (int32_t)it->valueint;
     return n;
+}
+
+/* The index of the largest of x[0..n) (the first one on a tie). */
+static inline int32_t fixture_argmax(const float *x, int n)
+{
+    int32_t b = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* The best logit minus the second best: how clearly a greedy step was decided. */
+static inline double fixture_margin(const float *x, int n)
+{
+    int32_t b = fixture_argmax(x, n);
+    double second = -INFINITY;
+    for (int i = 0; i < n; i++) if (i != b && x[i] > second) second = x[i];
+    return (double)x[b] - second;
+}
+
+/* max |a[i] - b[i]| over n values; NaN when any difference is NaN. */
+static inline double fixture_max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= m)) m = d;
+    }
+    return m;
 }
 
 #endif

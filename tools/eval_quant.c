@@ -59,12 +59,6 @@ static float *all_logits(dol_engine *e, const int32_t *ids, int n)
     return logits;
 }
 
-static int32_t argmax(const float *x, int n)
-{
-    int32_t b = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* Greedy continuation of the prompt, up to max_new ids; stops at BOS/EOS
  * like the golden reference. */
@@ -79,7 +73,7 @@ static int greedy(dol_engine *e, const int32_t *prompt, int np, int max_new, int
     if (dol_engine_forward(e, &it, 1, err, sizeof err) != 0) die("greedy", err);
     int n = 0;
     while (n < max_new) {
-        int32_t id = argmax(logits, V);
+        int32_t id = fixture_argmax(logits, V);
         if (id == 1 || id == 2) break;
         out[n++] = id;
         if (n == max_new) break;
@@ -104,7 +98,7 @@ static double mean_nll(const float *logits, int V, const int32_t *ids, int n)
     double sum = 0.0;
     for (int i = 0; i + 1 < n; i++) {
         const float *l = logits + (size_t)i * V;
-        double mx = l[argmax(l, V)], z = 0.0;
+        double mx = l[fixture_argmax(l, V)], z = 0.0;
         for (int v = 0; v < V; v++) z += exp(l[v] - mx);
         sum += log(z) - (l[ids[i + 1]] - mx);
     }

@@ -74,31 +74,8 @@ static void close_model(fixture *fx)
     dol_model_free(fx->m);
 }
 
-static int32_t argmax(const float *x, int n)
-{
-    int32_t b = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
-    return b;
-}
 
-/* best minus second best */
-static double margin(const float *x, int n)
-{
-    int32_t b = argmax(x, n);
-    double second = -INFINITY;
-    for (int i = 0; i < n; i++) if (i != b && x[i] > second) second = x[i];
-    return (double)x[b] - second;
-}
 
-static double max_abs_diff(const float *a, const float *b, size_t n)
-{
-    double m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (!(d <= m)) m = d; /* NaN propagates */
-    }
-    return m;
-}
 
 /* Greedy generation of one sequence alone, prefill in chunks of `chunk`.
  * Stops at BOS/EOS like the reference. Records each step's margin; copies
@@ -122,8 +99,8 @@ static int greedy(dol_engine *e, const int32_t *prompt, int n_prompt, int max_ne
     if (first_logits) memcpy(first_logits, logits, sizeof(float) * (size_t)V);
     int n_out = 0;
     for (int step = 0; step < max_new; step++) {
-        int32_t id = argmax(logits, V);
-        if (margins) margins[step] = margin(logits, V);
+        int32_t id = fixture_argmax(logits, V);
+        if (margins) margins[step] = fixture_margin(logits, V);
         if (id == 1 || id == 2) break;
         out[n_out++] = id;
         if (step + 1 == max_new) break;
@@ -218,11 +195,11 @@ static void test_batch_invariance(void **state)
         items[s] = (dol_batch_item){ q[s], lens[s], toks[s], 0, 1, logits + (size_t)s * V };
     }
     if (dol_engine_forward(fx.e, items, NS, err, sizeof err) != 0) fail_msg("%s", err);
-    double d = max_abs_diff(first_alone, logits, (size_t)V * NS);
+    double d = fixture_max_abs_diff(first_alone, logits, (size_t)V * NS);
     printf("batch invariance: logits after the prompts differ by at most %.3g\n", d);
     assert_true(d <= SAME_BOUND);
     for (int step = 0; step < STEPS; step++) {
-        for (int s = 0; s < NS; s++) together[s][step] = argmax(logits + (size_t)s * V, V);
+        for (int s = 0; s < NS; s++) together[s][step] = fixture_argmax(logits + (size_t)s * V, V);
         if (step + 1 == STEPS) break;
         for (int s = 0; s < NS; s++)
             items[s] = (dol_batch_item){ q[s], 1, &together[s][step], lens[s] + step, 1, logits + (size_t)s * V };
@@ -258,8 +235,8 @@ static void test_chunked_prefill(void **state)
     int na = greedy(fx.e, prompt, 40, 20, a, ma, la, 40);
     int nb = greedy(fx.e, prompt, 40, 20, b, NULL, lb, 7);
     int nc = greedy(fx.e, prompt, 40, 20, c, NULL, lc, 1);
-    assert_true(max_abs_diff(la, lb, (size_t)V) <= SAME_BOUND);
-    assert_true(max_abs_diff(la, lc, (size_t)V) <= SAME_BOUND);
+    assert_true(fixture_max_abs_diff(la, lb, (size_t)V) <= SAME_BOUND);
+    assert_true(fixture_max_abs_diff(la, lc, (size_t)V) <= SAME_BOUND);
     for (int i = 0; i < na && ma[i] >= SAME_BOUND; i++) {
         assert_true(i < nb && i < nc);
         assert_int_equal(a[i], b[i]);
@@ -296,7 +273,7 @@ static void test_echo_logits(void **state)
         assert_int_equal(dol_engine_seq_reserve(fx.e, t, k + 1), 0);
         dol_batch_item it = { t, k + 1, prompt, 0, 1, one };
         if (dol_engine_forward(fx.e, &it, 1, err, sizeof err) != 0) fail_msg("%s", err);
-        double d = max_abs_diff(all + (size_t)k * V, one, (size_t)V);
+        double d = fixture_max_abs_diff(all + (size_t)k * V, one, (size_t)V);
         if (!(d <= SAME_BOUND)) fail_msg("echo row %d differs from a prefill of %d tokens by %.3g", k, k + 1, d);
         dol_engine_seq_free(fx.e, t);
     }
@@ -332,11 +309,11 @@ static void test_fork(void **state)
     dol_batch_item a = { s, 1, &nxt, 20, 1, l1 }, b = { f, 1, &nxt, 20, 1, l2 };
     if (dol_engine_forward(fx.e, &a, 1, err, sizeof err) != 0) fail_msg("%s", err);
     if (dol_engine_forward(fx.e, &b, 1, err, sizeof err) != 0) fail_msg("%s", err);
-    double d = max_abs_diff(l1, l2, (size_t)V);
+    double d = fixture_max_abs_diff(l1, l2, (size_t)V);
     printf("fork: source and fork logits differ by %.3g (%s)\n", d,
            memcmp(l1, l2, sizeof(float) * V) == 0 ? "bit-identical" : "not bit-identical");
     assert_true(d <= SAME_BOUND);
-    assert_int_equal(argmax(l1, V), argmax(l2, V));
+    assert_int_equal(fixture_argmax(l1, V), fixture_argmax(l2, V));
     dol_engine_seq_free(fx.e, s);
     dol_engine_seq_free(fx.e, f);
     assert_int_equal(dol_engine_kv_blocks_free(fx.e), 4);
@@ -362,7 +339,7 @@ static void test_graphs_match_eager(void **state)
     unsetenv("DOLPHIN_CUDA_GRAPHS");
     int nb = greedy(e.e, prompt, 6, 32, b, NULL, lb, 64);
     close_model(&e);
-    assert_true(max_abs_diff(la, lb, (size_t)V) <= SAME_BOUND);
+    assert_true(fixture_max_abs_diff(la, lb, (size_t)V) <= SAME_BOUND);
     for (int i = 0; i < na && ma[i] >= SAME_BOUND; i++) {
         assert_true(i < nb);
         assert_int_equal(a[i], b[i]);

@@ -352,30 +352,8 @@ static cJSON *load_json(const char *rel)
     return fixture_json_at(path);
 }
 
-static int32_t argmax(const float *x, int n)
-{
-    int32_t b = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
-    return b;
-}
 
-static double margin(const float *x, int n)
-{
-    int32_t b = argmax(x, n);
-    double second = -INFINITY;
-    for (int i = 0; i < n; i++) if (i != b && x[i] > second) second = x[i];
-    return (double)x[b] - second;
-}
 
-static double max_abs_diff(const float *a, const float *b, size_t n)
-{
-    double m = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-        if (!(d <= m)) m = d; /* NaN propagates */
-    }
-    return m;
-}
 
 /* Greedy generation of one sequence, the prompt in one call; stops at
  * BOS/EOS. Margins of each step and the logits after the prompt are kept. */
@@ -393,8 +371,8 @@ static int greedy(dol_engine *e, const int32_t *prompt, int n_prompt, int max_ne
     memcpy(first_logits, logits, sizeof(float) * (size_t)V);
     int n_out = 0;
     for (int step = 0; step < max_new; step++) {
-        int32_t id = argmax(logits, V);
-        margins[step] = margin(logits, V);
+        int32_t id = fixture_argmax(logits, V);
+        margins[step] = fixture_margin(logits, V);
         if (id == 1 || id == 2) break;
         out[n_out++] = id;
         if (step + 1 == max_new) break;
@@ -471,7 +449,7 @@ static void stories_case(const dol_model *m, const cJSON *golden, bool quantize_
         if (max_new > 1024) max_new = 1024;
         const int nc = greedy(cpu, prompt, np, max_new, ids_c, mc, lc);
         const int ng = greedy(gpu, prompt, np, max_new, ids_g, mg, lg);
-        const double first = max_abs_diff(lc, lg, (size_t)V);
+        const double first = fixture_max_abs_diff(lc, lg, (size_t)V);
         int trusted = 0; /* steps before the CPU's first margin below the bound */
         while (trusted < nc && mc[trusted] >= MARGIN_BOUND) trusted++;
         int same = 0;
@@ -498,7 +476,7 @@ static void stories_case(const dol_model *m, const cJSON *golden, bool quantize_
     float *ec = malloc(sizeof(float) * (size_t)n_longest * V), *eg = malloc(sizeof(float) * (size_t)n_longest * V);
     echo(cpu, longest, n_longest, ec);
     echo(gpu, longest, n_longest, eg);
-    const double ed = max_abs_diff(ec, eg, (size_t)n_longest * V);
+    const double ed = fixture_max_abs_diff(ec, eg, (size_t)n_longest * V);
     printf("stories260K nf4 lm_head %s: %d teacher-forced positions within %.4f\n",
            quantize_lm_head ? "nf4" : "f16", n_longest, ed);
     if (!(ed <= ECHO_BOUND)) fail_msg("teacher-forced logits differ by %.5f (> %.2f)", ed, ECHO_BOUND);

@@ -48,12 +48,6 @@ static void close_model(fixture *fx)
     dol_model_free(fx->m);
 }
 
-static int32_t argmax(const float *x, int n)
-{
-    int32_t b = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
-    return b;
-}
 
 /* Greedy generation of one sequence through the engine alone. Stops at
  * BOS/EOS like the reference. Returns the number of generated ids; when
@@ -77,7 +71,7 @@ static int greedy(dol_engine *e, const int32_t *prompt, int n_prompt, int max_ne
     if (first_logits) memcpy(first_logits, logits, sizeof(float) * (size_t)V);
     int n_out = 0;
     for (int step = 0; step < max_new; step++) {
-        int32_t id = argmax(logits, V);
+        int32_t id = fixture_argmax(logits, V);
         if (id == 1 || id == 2) break;
         out[n_out++] = id;
         if (step + 1 == max_new) break;
