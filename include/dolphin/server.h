@@ -38,6 +38,11 @@ int dol_server_start(const dol_config *cfg, dol_server **out,
  * moving to WARMING/READY. The objects must outlive the server. */
 void dol_server_attach(dol_server *s, const dol_model *model,
                        const dol_tokenizer *tok, dol_scheduler *sched);
+/* Move to state st (main thread). DRAINING also stops listening at once
+ * (new connections are refused) and from then on answers each new API
+ * request on a kept-alive connection with 503 + "Connection: close" before
+ * reading its body, so a proxy can send it to another replica; probes and
+ * /metrics still answer on kept-alive connections (docs/deployment.md). */
 void dol_server_set_state(dol_server *s, dol_server_state st);
 dol_server_state dol_server_get_state(const dol_server *s);
 /* The port actually bound (useful with port 0). */

@@ -21,6 +21,7 @@ struct dol_server {
     const dol_config *cfg;
     struct MHD_Daemon *daemon;
     int port;
+    int listen_fd;               /* taken back from MHD on drain; -1 until then */
     atomic_int state;            /* dol_server_state */
     atomic_int inflight;         /* submitted requests not yet completed */
     pthread_mutex_t idle_mu;     /* with idle_cv: dol_server_wait_idle */

@@ -114,10 +114,19 @@ dol_submit_result dol_http_sched_submit(dol_server *s, dol_request *r, char *err
 
 /* ---- responses ---------------------------------------------------------- */
 
+/* Routes a prober or a scraper calls, served during a drain too. */
+#define ROUTE_IS_PROBE(r) (strcmp((r), "/healthz") == 0 || strcmp((r), "/livez") == 0 || \
+                           strcmp((r), "/metrics") == 0)
+
+
 enum MHD_Result dol_http_queue(dol_http_req *c, int status, struct MHD_Response *resp,
                                dol_http_phase phase)
 {
     MHD_add_response_header(resp, "X-Request-Id", c->id);
+    /* Draining: a proxy must not keep this connection for its next request
+     * (probes excepted: a monitor on a kept connection keeps seeing 503). */
+    if (atomic_load(&c->srv->state) == DOL_STATE_DRAINING && !ROUTE_IS_PROBE(c->route))
+        MHD_add_response_header(resp, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     if (ret == MHD_YES) {
@@ -201,8 +210,6 @@ static const struct {
     {"/metrics", false, "GET", false, R_METRICS, "/metrics"},
 };
 #define N_ROUTES (sizeof ROUTES / sizeof ROUTES[0])
-#define ROUTE_IS_PROBE(r) (strcmp((r), "/healthz") == 0 || strcmp((r), "/livez") == 0 || \
-                           strcmp((r), "/metrics") == 0)
 
 static int find_route(const char *url)
 {
@@ -457,6 +464,23 @@ static dol_http_req *req_new(dol_server *s, struct MHD_Connection *conn,
     return c;
 }
 
+/* A request that arrives on a kept-alive connection once the drain has
+ * begun is answered 503 (Retry-After, Connection: close) from its head
+ * alone, before any of its body is read or any work is done: the one case
+ * in which a proxy may send a POST to another replica (docs/deployment.md).
+ * Probes, scrapes and unknown paths are answered as usual. */
+static bool refuse_while_draining(dol_http_req *c, const char *url, enum MHD_Result *r)
+{
+    int ri = find_route(url);
+    if (ri < 0 || ROUTE_IS_PROBE(ROUTES[ri].label)) return false;
+    snprintf(c->route, sizeof c->route, "%s", ROUTES[ri].label);
+    dol_api_error e;
+    dol_api_error_set(&e, 503, "service_unavailable", NULL, "server_draining",
+                      "The server is shutting down; retry on another replica.");
+    *r = dol_http_send_error(c, &e);
+    return true;
+}
+
 static bool expects_continue(struct MHD_Connection *conn)
 {
     const char *x = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
@@ -476,6 +500,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         if (!c) return MHD_NO;
         *con_cls = c;
         c->head_status = head_status(conn, url);
+        if (atomic_load(&s->state) == DOL_STATE_DRAINING) {
+            enum MHD_Result r;
+            if (refuse_while_draining(c, url, &r)) return r;
+        }
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
@@ -620,6 +648,7 @@ int dol_server_start(const dol_config *cfg, dol_server **out, char *err, size_t 
     }
     s->cfg = cfg;
     s->port = bound_port(fd);
+    s->listen_fd = -1;
     s->started = (int64_t)time(NULL);
     atomic_init(&s->state, DOL_STATE_LOADING);
     atomic_init(&s->inflight, 0);
@@ -680,8 +709,33 @@ void dol_server_attach(dol_server *s, const dol_model *model,
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Draining: the listening socket stops taking connections at once, so a
+ * proxy's next connect is refused and goes to another replica. Connections
+ * the kernel already queued are accepted and handed to MHD first (resetting
+ * them could hit a request a proxy has sent and must not send again), then
+ * the socket stops listening; it is closed after MHD_stop_daemon, as MHD
+ * requires. Requests on kept-alive connections get 503 (on_request). */
+static void stop_listening(dol_server *s)
+{
+    if (s->listen_fd >= 0) return;
+    MHD_socket fd = MHD_quiesce_daemon(s->daemon);
+    if (fd == MHD_INVALID_SOCKET) return;
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        int cfd = accept4(fd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (cfd < 0) break;   /* EAGAIN: the queue is empty */
+        /* on failure MHD closes cfd itself */
+        MHD_add_connection(s->daemon, cfd, (struct sockaddr *)&ss, len);
+    }
+    shutdown(fd, SHUT_RDWR);   /* Linux: no longer listening; connects are refused */
+    s->listen_fd = fd;
+    dol_log(DOL_LOG_INFO, "listen_closed", "port=%d", s->port);
+}
+
 void dol_server_set_state(dol_server *s, dol_server_state st)
 {
+    if (st == DOL_STATE_DRAINING) stop_listening(s);
     atomic_store(&s->state, (int)st);
 }
 
@@ -723,6 +777,7 @@ void dol_server_stop(dol_server *s)
      * (their handlers then see `stopping` and close). */
     dol_http_stop_all(s);
     MHD_stop_daemon(s->daemon);
+    if (s->listen_fd >= 0) close(s->listen_fd);   /* taken back on drain */
     pthread_mutex_destroy(&s->watch_mu);
     pthread_cond_destroy(&s->idle_cv);
     pthread_mutex_destroy(&s->idle_mu);

@@ -1,10 +1,14 @@
 """Graceful shutdown (docs/deployment.md): with a long stream in flight, SIGTERM (or
-SIGINT) turns /healthz 503 at once, new work gets 503 (connection refused
-once the process is gone), /livez still answers, the stream runs to its
+SIGINT) stops listening at once (a new connection is refused) and, on
+connections kept open from before, turns /healthz 503 and answers new work
+503 with Connection: close; /livez still answers, the stream runs to its
 natural end, and dolphind exits 0 as soon as it is done, well within
 drain_timeout_s. A second signal cuts the drain short. Warm-up happens
 before readiness. Each test runs its own server."""
+import http.client
+import json
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -48,6 +52,19 @@ class Stream(threading.Thread):
             self.first.set()
 
 
+def kept_alive(srv):
+    """An open connection that has served one request already."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    assert get(conn, "/livez")[0] == 200
+    return conn
+
+
+def get(conn, path):
+    conn.request("GET", path)
+    r = conn.getresponse()
+    return r.status, r, r.read()
+
+
 def wait_exit(srv, timeout):
     try:
         return srv.proc.wait(timeout=timeout)
@@ -71,29 +88,38 @@ def test_signal_drains_stream_then_exits_0(sig):
         s.gate.clear()          # hold the stream open (not reading) for now
         s.start()
         assert s.first.wait(60) and s.status == 200, s.error
+        # connections a proxy or a prober keeps open from before the signal
+        probe, work = kept_alive(srv), kept_alive(srv)
         t_sig = time.monotonic()
         srv.proc.send_signal(sig)
 
         # readiness goes 503 at once, with the reason
-        r = None
+        status = None
         while time.monotonic() - t_sig < 5:
-            r = requests.get(srv.url + "/healthz", timeout=10)
-            if r.status_code == 503:
+            status, headers, body = get(probe, "/healthz")
+            if status == 503:
                 break
             time.sleep(0.005)
-        assert r.status_code == 503, r.text
-        h = r.json()
+        assert status == 503, body
+        h = json.loads(body)
         assert h["status"] == "draining" and h["state"] == "draining" and not h["ready"]
         assert any("draining" in x for x in h["reasons"])
-        # new work: 503 in OpenAI's shape, with Retry-After
-        r = requests.post(srv.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1},
-                          timeout=10)
-        assert r.status_code == 503, r.text
-        assert r.json()["error"]["type"] == "service_unavailable"
-        assert r.headers["Retry-After"] and r.headers["X-Request-Id"]
-        # still alive, and the metrics say draining
-        assert requests.get(srv.url + "/livez", timeout=10).status_code == 200
-        m = requests.get(srv.url + "/metrics", timeout=10).text
+        # no longer listening: a new connection is refused
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
+        # new work on a kept connection: 503 in OpenAI's shape, with
+        # Retry-After, and the connection is closed after it
+        work.request("POST", "/v1/completions", body=b'{"prompt": "a", "max_tokens": 1}',
+                     headers={"Content-Type": "application/json"})
+        r = work.getresponse()
+        err = json.loads(r.read())["error"]
+        assert r.status == 503 and err["type"] == "service_unavailable", err
+        assert err["code"] == "server_draining"
+        assert r.getheader("Retry-After") and r.getheader("X-Request-Id")
+        assert r.getheader("Connection") == "close"
+        # still alive, and the metrics say draining (the probe connection stays open)
+        assert get(probe, "/livez")[0] == 200
+        m = get(probe, "/metrics")[2].decode()
         assert "\ndolphin_draining 1\n" in m and "\ndolphin_ready 0\n" in m
         assert srv.proc.poll() is None, "exited with a stream still open"
 

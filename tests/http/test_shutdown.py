@@ -1,5 +1,5 @@
-"""SIGTERM with requests in flight: /healthz turns 503 "draining", new work
-gets 503, the in-flight requests are answered (or end with an error event
+"""SIGTERM with requests in flight: /healthz turns 503 "draining" and new
+work gets 503 on connections open from before (new ones are refused), the in-flight requests are answered (or end with an error event
 when the drain timeout cuts them off), and the process exits 0 without a
 sanitizer report. Uses its own server, stopped by the test itself.
 
@@ -43,6 +43,8 @@ def test_sigterm_drains_and_exits():
             outcomes["stream"] = repr(e)
 
     threads = [threading.Thread(target=non_stream), threading.Thread(target=stream)]
+    # kept-alive connections from before the signal (new ones are refused after it)
+    probe, work = requests.Session(), requests.Session()
     try:
         for t in threads:
             t.start()
@@ -52,19 +54,22 @@ def test_sigterm_drains_and_exits():
             if h["scheduler"]["running_requests"] > 0:
                 break
             time.sleep(0.02)
+        assert probe.get(srv.url + "/livez", timeout=10).status_code == 200
+        assert work.get(srv.url + "/livez", timeout=10).status_code == 200
         srv.proc.send_signal(signal.SIGTERM)
         deadline = time.time() + 5
         while time.time() < deadline:
-            r = requests.get(srv.url + "/healthz", timeout=10)
+            r = probe.get(srv.url + "/healthz", timeout=10)
             if r.status_code == 503:
                 break
             time.sleep(0.01)
         assert r.status_code == 503
         assert r.json()["status"] == "draining"
         assert r.json()["reasons"]
-        r = requests.post(srv.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1},
-                          timeout=10)
+        r = work.post(srv.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1},
+                      timeout=10)
         err = check_error(r, 503)
+        assert r.headers["Connection"] == "close"
         assert err["type"] == "service_unavailable"
     finally:
         for t in threads:
