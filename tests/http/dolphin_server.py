@@ -58,15 +58,16 @@ def golden(name):
 class Dolphind:
     """One running dolphind on `model` (a test model's name, or a model
     directory) with the extra flags `args`, from `binary` (default BIN). With
-    `api_key` set, its requests send that key unless told otherwise."""
+    `api_key` set, its requests send that key unless told otherwise. `port`
+    (default: a free one) lets a restarted replica keep its address."""
 
-    def __init__(self, model, args=(), threads=2, api_key=None, binary=None):
+    def __init__(self, model, args=(), threads=2, api_key=None, binary=None, port=None):
         binary = Path(binary or BIN)
         if not binary.is_file():
             pytest.skip(f"{binary} not built (set DOLPHIN_BIN)")
         self.model_dir = Path(model) if Path(model).is_dir() else model_dir(model)
         self.model = self.model_dir.name
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         fd, self.log_path = tempfile.mkstemp(prefix=f"dolphind-{self.model}-", suffix=".log")
