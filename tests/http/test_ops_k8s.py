@@ -1,9 +1,13 @@
-"""configs/k8s/: the YAML parses, the probes point at the server's real
+"""configs/k8s/: every built-in object validates (strictly: no unknown field)
+against the OpenAPI schemas of a current Kubernetes release, offline
+(kubernetes-validate, pinned in tests/requirements.txt), the YAML parses, the probes point at the server's real
 routes and port (the port of the ConfigMap's dolphin.yaml, which is the
 default of configs/dolphin.yaml), the pod asks for a GPU, the grace period
 outlasts the drain, the Service and HPA point at the Deployment, and the
 ConfigMap's dolphin.yaml is a configuration dolphind accepts and serves the
-probes with."""
+probes with, the PodMonitor selects the pods and names a port they have, and
+the grace period matches preStop + drain_timeout_s."""
+import copy
 import re
 import subprocess
 import tempfile
@@ -50,6 +54,49 @@ def named_port(c, port):
     return p["containerPort"]
 
 
+KUBERNETES = "1.37.0"   # the newest release whose schemas kubernetes-validate ships
+
+
+def validate(doc):
+    kv = pytest.importorskip("kubernetes_validate")
+    return kv.validate(doc, KUBERNETES, strict=True)
+
+
+def test_schemas_of_a_current_kubernetes():
+    kv = pytest.importorskip("kubernetes_validate")
+    assert kv.latest_version() == KUBERNETES
+    checked = []
+    for kind, objs in docs().items():
+        for d in objs:
+            if kind == "PodMonitor":      # a CRD of the Prometheus Operator: no schema here
+                with pytest.raises(kv.SchemaNotFoundError):
+                    validate(d)
+                continue
+            validate(d)                   # raises kv.ValidationError
+            checked.append(kind)
+    assert sorted(checked) == ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "Service"]
+    # the check can fail: an unknown field and a wrong type are refused
+    dep = copy.deepcopy(one("Deployment"))
+    dep["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["paht"] = "/"
+    with pytest.raises(kv.ValidationError):
+        validate(dep)
+    dep = copy.deepcopy(one("Deployment"))
+    dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = "45"
+    with pytest.raises(kv.ValidationError):
+        validate(dep)
+
+
+def test_podmonitor_selects_the_pods():
+    dep = one("Deployment")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    ports = {p["name"] for p in container()["ports"]}
+    for pm in docs().get("PodMonitor", []):
+        assert pm["apiVersion"] == "monitoring.coreos.com/v1"
+        assert pm["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        for ep in pm["spec"]["podMetricsEndpoints"]:
+            assert ep["port"] in ports, (ep, ports)
+
+
 def test_yaml_parses_and_kinds():
     kinds = docs()
     for k in ("Deployment", "Service", "HorizontalPodAutoscaler", "ConfigMap"):
@@ -92,8 +139,10 @@ def test_gpu_request_and_graceful_termination():
     spec = one("Deployment")["spec"]["template"]["spec"]
     drain = configmap_settings().get("drain_timeout_s", 30)
     pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
-    assert spec["terminationGracePeriodSeconds"] >= drain + pre_stop, \
-        (spec["terminationGracePeriodSeconds"], drain, pre_stop)
+    # SIGTERM comes after preStop; the drain must fit in what is left, with
+    # a margin for the exit, and no more than that margin
+    grace = spec["terminationGracePeriodSeconds"]
+    assert drain + pre_stop < grace <= drain + pre_stop + 15, (grace, drain, pre_stop)
     args = c["args"]
     assert args[args.index("--config") + 1].startswith(c["volumeMounts"][0]["mountPath"])
 
