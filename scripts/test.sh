@@ -4,7 +4,11 @@
 # (ctest), the HTTP tests against a live dolphind (pytest from the .venv that
 # setup.sh builds: the official `openai` client suite and the schemathesis
 # run against docs/openapi.yaml are part of them), the fuzz targets (scripts/fuzz.sh,
-# DOLPHIN_FUZZ_SECONDS each, default 45 here), the soak test (tests/soak),
+# DOLPHIN_FUZZ_SECONDS each, default 45 here), the fault tests of three
+# Release replicas behind a real nginx (tests/cluster: rolling restart,
+# kill -9, SIGSTOP, overload; each prints its counts), the soak test
+# (tests/soak: 20,000 requests against the Release build, then a short run
+# against the sanitizer build),
 # and the CUDA backend under the CUDA emulation (scripts/ci-cuda-emu.sh:
 # kernels, engine and HTTP tests on the CPU, both thread orders, the mutation
 # check). Fixtures come from $DOLPHIN_SHARED (default ../shared).
@@ -33,11 +37,15 @@ PY="$PWD/.venv/bin/python"
 echo "== HTTP tests, openai client, schemathesis (pytest against build-asan/dolphind)"
 DOLPHIN_BIN="$PWD/build-asan/dolphind" "$PY" -m pytest tests/http -q -p no:cacheprovider
 
+echo "== fault tests: 3 x build/dolphind behind nginx (tests/cluster)"
+DOLPHIN_BIN="$PWD/build/dolphind" "$PY" -m pytest tests/cluster -q -s -p no:cacheprovider
+
 echo "== fuzzing (libFuzzer + ASan/UBSan, scripts/fuzz.sh)"
 DOLPHIN_FUZZ_SECONDS="${DOLPHIN_FUZZ_SECONDS:-45}" bash scripts/fuzz.sh
 
 echo "== soak test (tests/soak/soak.py: build/dolphind, then build-asan/dolphind)"
-"$PY" tests/soak/soak.py --bin "$PWD/build/dolphind"
+"$PY" tests/soak/soak.py --bin "$PWD/build/dolphind" --requests 20000 --warmup 1000 \
+  --max-rss-growth 3 --time-limit 420
 "$PY" tests/soak/soak.py --bin "$PWD/build-asan/dolphind" --no-rss-check
 echo "== CUDA backend on the CPU (DOLPHIN_CUDA=EMU, ASan + UBSan: scripts/ci-cuda-emu.sh)"
 bash scripts/ci-cuda-emu.sh

@@ -6,6 +6,7 @@
  * the main thread waits for a signal and samples the readiness memory watch
  * every 100 ms. */
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -211,6 +212,12 @@ static int check_vocab(const char *dir, const dol_model *m, const dol_tokenizer 
 
 int main(int argc, char **argv)
 {
+    /* Blocks of 128 KiB and more (request bodies, libmicrohttpd's 256 KiB
+     * connection pools) always get their own mapping, returned on free:
+     * setting it stops glibc raising the threshold after such a free and
+     * then keeping them in a heap that fragments, so resident memory stays
+     * flat over a long run (docs/deployment.md, the soak test). */
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
     char err[DOL_ERR_LEN];
     dol_config cfg;
     int rc = dol_config_from_args(&cfg, argc, argv, err, sizeof err);

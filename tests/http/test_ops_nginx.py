@@ -188,3 +188,35 @@ def test_site_directives():
     settings = yaml.safe_load((CONFIGS / "dolphin.yaml").read_text())
     assert idle < settings.get("connection_timeout_s", 300)
     assert settings.get("max_connections_per_ip", 0) == 0   # all of nginx is one address
+
+
+def test_replica_directives():
+    """The N-replica choices docs/deployment.md explains: least_conn and
+    max_fails/fail_timeout in both upstreams, whose server lists are equal;
+    retries only on connect errors (never non_idempotent, never timeout)
+    and on dolphind's 503 through @dolphin_retry; streaming kept there."""
+    conf = (CONFIGS / "nginx" / "dolphin.conf").read_text()
+    ups = dict(re.findall(r"^upstream (\w+) \{(.*?)^\}", conf, re.M | re.S))
+    assert set(ups) == {"dolphind", "dolphind_retry"}
+    lists = []
+    for name, body in ups.items():
+        assert re.search(r"^\s*least_conn;", body, re.M), name
+        servers = re.findall(r"^\s*server (\S+) (.*);", body, re.M)
+        assert len(servers) >= 2, name
+        for _, params in servers:
+            assert re.search(r"max_fails=\d+", params) and re.search(r"fail_timeout=\d+s", params)
+        lists.append(servers)
+    assert lists[0] == lists[1]
+    assert "keepalive" not in ups["dolphind_retry"]     # fresh connects: refused when draining
+    nexts = re.findall(r"^\s*proxy_next_upstream (.*);", conf, re.M)
+    assert nexts and all(n.split() == ["error"] for n in nexts), nexts
+    loc = conf[conf.index("location / {"):]
+    loc = loc[: loc.index("\n    }")]
+    assert "proxy_intercept_errors on;" in loc and "error_page 503 = @dolphin_retry;" in loc
+    retry = conf[conf.index("location @dolphin_retry {"):]
+    retry = retry[: retry.index("\n    }")]
+    assert "proxy_pass http://dolphind_retry;" in retry
+    assert "proxy_intercept_errors" not in retry        # a second 503 goes to the client
+    for directive in ("proxy_buffering off;", "proxy_cache off;", "proxy_http_version 1.1;",
+                      "proxy_set_header X-Request-Id $dolphin_request_id;"):
+        assert directive in retry, directive

@@ -228,6 +228,8 @@ def main():
     ap.add_argument("--requests", type=int, default=2000, help="total, warm-up included")
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--step", type=int, default=2000,
+                    help="sample RSS after every this many requests past the warm-up")
     ap.add_argument("--threads", type=int, default=2, help="dolphind compute threads")
     ap.add_argument("--backend", default="cpu",
                     help="dolphind --backend (cpu: F32, so batching never changes a greedy "
@@ -274,8 +276,17 @@ def main():
         srv.wait_idle()
         rss_warm = srv.rss_kib()
         t_warm = time.monotonic()
-        run_phase(srv, make_plan(a.requests - a.warmup, rng), refs, a.concurrency, tally,
-                  deadline)
+        # the rest in steps of --step requests, RSS sampled (idle) after each,
+        # to tell a steady climb (a leak) from a step at the start
+        trail = [rss_warm]
+        left = a.requests - a.warmup
+        while left > 0:
+            n = min(a.step, left)
+            run_phase(srv, make_plan(n, rng), refs, a.concurrency, tally, deadline)
+            left -= n
+            if left > 0 and srv.proc.poll() is None:
+                srv.wait_idle()
+                trail.append(srv.rss_kib())
         if srv.proc.poll() is not None:
             raise Failure(f"dolphind died (exit {srv.proc.returncode}):\n{srv.log()[-3000:]}")
         h = srv.wait_idle()
@@ -300,6 +311,10 @@ def main():
             print(f"  {ex}")
         print(f"soak: KV blocks in use after the load {h['kv_cache']['blocks_used']} of "
               f"{h['kv_cache']['blocks_total']}")
+        trail.append(rss_end)
+        print("soak: VmRSS / RssAnon (MiB) after warm-up, then every "
+              f"{a.step} requests: " + " ".join(f"{v / 1024:.2f}/{an / 1024:.2f}"
+                                                 for v, an in trail))
         print(f"soak: VmRSS after warm-up {rss_warm[0] / 1024:.1f} MiB, at the end "
               f"{rss_end[0] / 1024:.1f} MiB ({growth:+.2f} %); RssAnon "
               f"{rss_warm[1] / 1024:.1f} -> {rss_end[1] / 1024:.1f} MiB ({anon_growth:+.2f} %); "
