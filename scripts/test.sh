@@ -45,7 +45,7 @@ DOLPHIN_FUZZ_SECONDS="${DOLPHIN_FUZZ_SECONDS:-45}" bash scripts/fuzz.sh
 
 echo "== soak test (tests/soak/soak.py: build/dolphind, then build-asan/dolphind)"
 "$PY" tests/soak/soak.py --bin "$PWD/build/dolphind" --requests 20000 --warmup 1000 \
-  --max-rss-growth 3 --time-limit 420
+  --max-rss-growth 3 --time-limit 600
 "$PY" tests/soak/soak.py --bin "$PWD/build-asan/dolphind" --no-rss-check
 echo "== CUDA backend on the CPU (DOLPHIN_CUDA=EMU, ASan + UBSan: scripts/ci-cuda-emu.sh)"
 bash scripts/ci-cuda-emu.sh
