@@ -13,7 +13,7 @@ answered correctly, the server never crashed, every KV-cache block went back
 to the pool (/healthz kv_cache.blocks_used == 0) and resident memory (VmRSS)
 (and its anonymous part, RssAnon) grew less than 5 % (--max-rss-growth; CI: 3 %
 over 20,000 requests) between the end of a warm-up phase and the end of the
-run; both are also printed every --step requests, to tell a steady climb (a
+run (RssAnon: and by more than 1 MiB, its noise); both are also printed every --step requests, to tell a steady climb (a
 leak) from noise. Only growth is judged: a drop of VmRSS is the kernel
 reclaiming file-backed pages (the mapped model, the binary) under memory
 pressure, which says nothing about dolphind. Prints a summary; exits 1 on any failure, 0 when all holds (also when
@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO / "tests" / "http"))
 from dolphin_server import Dolphind, check_error_parts, parse_sse, stream_texts  # noqa: E402
 MAX_BODY = 1 << 20        # dolphind's default max_body_bytes
 HTTP_TIMEOUT = 120        # seconds, per request
+ANON_SLACK_KIB = 1024     # RssAnon growth always allowed (noise; see the check)
 
 # Valid requests, all greedy. Each is sent alone first for its reference text.
 VALID = [
@@ -323,7 +324,8 @@ def main():
         print(f"soak: VmRSS after warm-up {rss_warm[0] / 1024:.1f} MiB, at the end "
               f"{rss_end[0] / 1024:.1f} MiB ({growth:+.2f} %); RssAnon "
               f"{rss_warm[1] / 1024:.1f} -> {rss_end[1] / 1024:.1f} MiB ({anon_growth:+.2f} %); "
-              + ("not judged" if a.no_rss_check else f"limit {a.max_rss_growth:g} % each"))
+              + ("not judged" if a.no_rss_check else
+                 f"limit {a.max_rss_growth:g} % (RssAnon: and {ANON_SLACK_KIB // 1024} MiB)"))
         if errors:
             problems.append(f"{errors} requests failed")
         if total < a.requests:
@@ -331,7 +333,10 @@ def main():
         if not a.no_rss_check:
             if growth >= a.max_rss_growth:
                 problems.append(f"resident memory (VmRSS) grew {growth:.2f} % after warm-up")
-            if anon_growth >= a.max_rss_growth:
+            # RssAnon is ~8 MiB here and malloc's heap top alone moves it by
+            # up to ~0.4 MiB between idle samples (see the printed trail), so
+            # it fails only past the percentage and 1 MiB both
+            if anon_growth >= a.max_rss_growth and rss_end[1] - rss_warm[1] > ANON_SLACK_KIB:
                 problems.append(f"anonymous memory (RssAnon) grew {anon_growth:.2f} % "
                                 "after warm-up")
     except (Failure, AssertionError, OSError, ValueError, KeyError) as e:
