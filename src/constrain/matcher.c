@@ -21,7 +21,7 @@
 
 #define MAXS 32          /* stacks in one state */
 #define MAX_DEPTH 512    /* frames in one stack */
-#define WS_MAX 4         /* whitespace bytes in a row between tokens */
+#define WS_MAX 2         /* whitespace bytes in a row between tokens */
 #define ARENA 16384      /* frames of scratch for one walk or token */
 #define CACHE_SLOTS 4096
 #define CACHE_MAX 2048   /* entries before the cache is emptied */

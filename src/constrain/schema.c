@@ -671,6 +671,23 @@ static cJSON *merge_all_of(cctx *c, const cJSON *s, const cJSON *all, const char
         }
         i++;
     }
+    /* additionalProperties speaks of its own schema's properties only: the
+     * merge keeps its meaning when that schema declares every property */
+    const cJSON *mp = cJSON_GetObjectItemCaseSensitive(m, "properties");
+    for (int k = -1; k < cJSON_GetArraySize(all); k++) {
+        const cJSON *part = k < 0 ? s : cJSON_GetArrayItem(all, k);
+        const cJSON *ap = cJSON_GetObjectItemCaseSensitive(part, "additionalProperties");
+        if (!ap || cJSON_IsTrue(ap)) continue;
+        const cJSON *own = cJSON_GetObjectItemCaseSensitive(part, "properties"), *x;
+        bool covers = true;
+        if (mp) cJSON_ArrayForEach(x, mp)
+            covers &= own && cJSON_GetObjectItemCaseSensitive(own, x->string) != NULL;
+        if (!covers) {
+            fail(c, "'allOf' at %s: 'additionalProperties' in a schema that does not declare "
+                 "every merged property cannot be merged", p);
+            goto bad;
+        }
+    }
     return m;
 bad:
     cJSON_Delete(m);

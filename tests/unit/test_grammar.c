@@ -88,7 +88,8 @@ static void test_json_object(void **state)
     refused(g, "{\"a\": \"\\ud800\"}");       /* escaped surrogate */
     refused(g, "{\"a\": \"\\q\"}");
     refused(g, "{\"a\":1,}");
-    refused(g, "{     }");       /* more whitespace than the bound */
+    full(g, "{\n }");
+    refused(g, "{   }");         /* more whitespace than the bound */
     refused(g, "{\"a\": tru}");
     dol_grammar_release(g);
 }
@@ -171,6 +172,7 @@ static void test_schema_refused(void **state)
     schema_error("{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"string\",\"maxLength\":3}]}", 0,
                  "oneOf");
     schema_error("{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}", 0, "allOf");
+    schema_error("{\"type\":\"object\",\"allOf\":[{\"properties\":{\"a\":{}}},{\"required\":[\"a\"]}],\"additionalProperties\":false}", 0, "additionalProperties");
     schema_error("{\"enum\":[\"aaaaaaaaaa\",\"bbbbbbbbbb\",\"cccccccccc\"]}", 20,
                  "max_grammar_states");
     schema_error("{\"type\":\"object\"", 0, "not JSON");
