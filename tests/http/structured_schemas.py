@@ -159,3 +159,78 @@ def check_valid(name, text):
     assert not errors, f"{name}: {text!r}: {errors}"
     _uuids_ok(schema, value)
     return value
+
+
+def completes_json(prefix):
+    """True when the text `prefix` can be extended into valid JSON: a
+    closing suffix is built from a scan of the prefix (open containers,
+    an unfinished string, escape, number or literal) and the whole must
+    parse. An answer cut by max_tokens must pass this."""
+    stack, i, n = [], 0, len(prefix)
+    state = "value"          # what comes next: value, key, colon, comma
+    suffix_scalar = ""
+    while i < n:
+        ch = prefix[i]
+        if ch in " \t\r\n":
+            i += 1
+            continue
+        if ch == '"':
+            j, esc = i + 1, False
+            while j < n and (esc or prefix[j] != '"'):
+                esc = not esc and prefix[j] == "\\"
+                j += 1
+            if j == n:           # the text ends inside this string
+                tail = prefix[i + 1:]
+                m = len(tail) - len(tail.rstrip("0123456789abcdefABCDEF"))
+                u = tail.rfind("\\u")
+                if u >= 0 and len(tail) - u - 2 == m and m < 4 and not tail[:u].endswith("\\"):
+                    suffix_scalar = "0" * (4 - m)
+                elif esc:
+                    suffix_scalar = "n"
+                suffix_scalar += '"' + (":null" if state == "key" else "")
+                state = "comma"
+                break
+            i = j + 1
+            state = "colon" if state == "key" else "comma"
+            continue
+        if ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+            state = "key" if ch == "{" else "value"
+        elif ch in "}]":
+            stack.pop()
+            state = "comma"
+        elif ch == ":":
+            state = "value"
+        elif ch == ",":
+            state = "key" if stack and stack[-1] == "}" else "value"
+        else:                    # a number or a literal, maybe unfinished
+            j = i
+            while j < n and prefix[j] not in " \t\r\n,:]}":
+                j += 1
+            word = prefix[i:j]
+            if j == n:
+                for lit in ("true", "false", "null"):
+                    if lit.startswith(word):
+                        suffix_scalar = lit[len(word):]
+                        break
+                else:
+                    suffix_scalar = "0" if word[-1] in "-+.eE" else ""
+            i = j
+            state = "comma"
+            continue
+        i += 1
+    if not suffix_scalar:
+        suffix_scalar = {"value": "null" if stack and stack[-1] == "]" or not stack else "",
+                         "key": "", "colon": ":null", "comma": ""}[state]
+        if state == "value" and stack and stack[-1] == "}":
+            suffix_scalar = "null"
+        if state == "key" and prefix.rstrip().endswith(","):
+            suffix_scalar = '"k":null'
+        if state == "value" and stack and stack[-1] == "]" and prefix.rstrip().endswith("["):
+            suffix_scalar = ""
+    text = prefix + suffix_scalar + "".join(reversed(stack))
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
