@@ -27,6 +27,7 @@
 #endif
 
 static dol_tokenizer *g_tok; /* NULL when the fixtures are absent */
+static dol_grammar_vocab *g_vocab; /* the trie of g_tok, or NULL */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -62,7 +63,6 @@ static const dol_api_limits LIMITS = {
     .max_grammar_states = 2000,
 };
 
-static dol_grammar_vocab *g_vocab; /* the trie of g_tok, or NULL */
 
 /* Nesting depth of a parsed value (an object or array counts 1). */
 static int tree_depth(const cJSON *v)
