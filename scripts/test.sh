@@ -33,6 +33,10 @@ PY="$PWD/.venv/bin/python"
 echo "== HTTP tests, openai client, schemathesis (pytest against build-asan/dolphind)"
 DOLPHIN_BIN="$PWD/build-asan/dolphind" "$PY" -m pytest tests/http -q -p no:cacheprovider
 
+echo "== structured output in bulk (tests/http/test_structured_bulk.py against build/dolphind)"
+DOLPHIN_STRUCTURED_BULK=1 DOLPHIN_BIN="$PWD/build/dolphind" "$PY" -m pytest \
+  tests/http/test_structured_bulk.py -q -p no:cacheprovider
+
 echo "== fuzzing (libFuzzer + ASan/UBSan, scripts/fuzz.sh)"
 DOLPHIN_FUZZ_SECONDS="${DOLPHIN_FUZZ_SECONDS:-45}" bash scripts/fuzz.sh
 
