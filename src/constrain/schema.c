@@ -76,8 +76,24 @@ static int lit_cmp(const char *a, int la, const char *b, int lb)
     return c ? c : la - lb;
 }
 
+typedef struct { char *s; int len; } lit_ref;
+
+static int lit_ref_cmp(const void *a, const void *b)
+{
+    const lit_ref *x = a, *y = b;
+    return lit_cmp(x->s, x->len, y->s, y->len);
+}
+
 void dol_grammar_sort_lits(dol_grammar *g, int first, int n, int *perm)
 {
+    lit_ref *tmp = !perm && n > 16 ? malloc(sizeof *tmp * (size_t)n) : NULL;
+    if (tmp) {   /* long enum lists: O(n log n) */
+        for (int i = 0; i < n; i++) tmp[i] = (lit_ref){g->lits[first + i], g->lit_len[first + i]};
+        qsort(tmp, (size_t)n, sizeof *tmp, lit_ref_cmp);
+        for (int i = 0; i < n; i++) { g->lits[first + i] = tmp[i].s; g->lit_len[first + i] = tmp[i].len; }
+        free(tmp);
+        return;
+    }
     /* insertion sort: literal lists are short, and perm must follow */
     for (int i = first + 1; i < first + n; i++) {
         char *s = g->lits[i];
@@ -329,12 +345,10 @@ static int compile_literals(cctx *c, const cJSON *vals, bool is_const, int types
         if (!(json_type_of(x) & types)) continue;
         char *t = cJSON_PrintUnformatted(x);
         if (!t) return oom(c);
-        bool dup = false;
-        for (int j = first; j < c->g->n_lits && !dup; j++) dup = strcmp(c->g->lits[j], t) == 0;
-        int rc = dup ? 0 : dol_grammar_add_lit(c->g, t, strlen(t));
+        int rc = dol_grammar_add_lit(c->g, t, strlen(t));
         free(t);
         if (rc < 0) return oom(c);
-        if (!dup) kept++;
+        kept++;
         if (c->g->n_states > c->max_states)
             return fail(c, "the schema's automaton would have more than %d states "
                         "(max_grammar_states)", c->max_states);
@@ -343,6 +357,19 @@ static int compile_literals(cctx *c, const cJSON *vals, bool is_const, int types
         return fail(c, "invalid schema: no value of '%s' at %s matches its 'type'",
                     is_const ? "const" : "enum", p);
     dol_grammar_sort_lits(c->g, first, kept, NULL);
+    /* duplicates are neighbours once sorted: keep one of each */
+    int w = first + 1;
+    for (int r = first + 1; r < first + kept; r++) {
+        if (strcmp(c->g->lits[r], c->g->lits[w - 1]) == 0) {
+            c->g->n_states -= c->g->lit_len[r];
+            free(c->g->lits[r]);
+            continue;
+        }
+        c->g->lits[w] = c->g->lits[r];
+        c->g->lit_len[w++] = c->g->lit_len[r];
+    }
+    kept = w - first;
+    c->g->n_lits = w;
     c->g->nodes[id].lit_first = first;
     c->g->nodes[id].n_lit = kept;
     return id;
