@@ -367,9 +367,6 @@ static int admit(dol_scheduler *s, dol_request *r)
     if (total > s->ctx) total = s->ctx;
     int seq = dol_engine_seq_new(s->e);
     if (seq < 0) return -1;
-    /* Prefix cache: the prompt's leading whole blocks may already be in the
-     * pool (an echo with logprobs needs every prompt token's logits, so it
-     * computes them all). */
     if (r->grammar && !s->gv) {   /* the vocabulary trie, once */
         s->gv = dol_grammar_vocab_new(s->tok, s->vocab);
         s->mask = s->gv ? malloc(sizeof(uint64_t) * (size_t)dol_grammar_mask_words(s->gv)) : NULL;
@@ -380,6 +377,9 @@ static int admit(dol_scheduler *s, dol_request *r)
             return -1;
         }
     }
+    /* Prefix cache: the prompt's leading whole blocks may already be in the
+     * pool (an echo with logprobs needs every prompt token's logits, so it
+     * computes them all). */
     int cached = r->echo_logprobs ? 0 : dol_engine_seq_match_prefix(s->e, seq, r->prompt_ids, r->n_prompt);
     if (dol_engine_seq_reserve(s->e, seq, total) != 0) {
         dol_engine_seq_free(s->e, seq);
