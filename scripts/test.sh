@@ -39,6 +39,9 @@ DOLPHIN_BIN="$PWD/build-asan/dolphind" "$PY" -m pytest tests/http -q -p no:cache
 
 echo "== fault tests: 3 x build/dolphind behind nginx (tests/cluster)"
 DOLPHIN_BIN="$PWD/build/dolphind" "$PY" -m pytest tests/cluster -q -s -p no:cacheprovider
+echo "== structured output in bulk (tests/http/test_structured_bulk.py against build/dolphind)"
+DOLPHIN_STRUCTURED_BULK=1 DOLPHIN_BIN="$PWD/build/dolphind" "$PY" -m pytest \
+  tests/http/test_structured_bulk.py -q -p no:cacheprovider
 
 echo "== fuzzing (libFuzzer + ASan/UBSan, scripts/fuzz.sh)"
 DOLPHIN_FUZZ_SECONDS="${DOLPHIN_FUZZ_SECONDS:-45}" bash scripts/fuzz.sh

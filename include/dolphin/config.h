@@ -44,6 +44,7 @@ typedef struct {
     int max_stop;                /* default 4 stop strings (<= DOL_MAX_STOP) */
     int max_stop_len;            /* default 512 bytes per stop string */
     int max_logit_bias;          /* default 300 entries (<= DOL_MAX_LOGIT_BIAS) */
+    int max_grammar_states;      /* default 20000 automaton states per response_format schema */
     char model[1024];            /* model directory; default "" (required) */
     char served_model_name[256]; /* model id in the API; "" = dir basename */
     int threads;                 /* compute threads; 0 = all online cores */

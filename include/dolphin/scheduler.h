@@ -19,6 +19,7 @@
 
 #include "dolphin/common.h"
 #include "dolphin/engine.h"
+#include "dolphin/grammar.h"
 #include "dolphin/sampler.h"
 #include "dolphin/tokenizer.h"
 
@@ -66,6 +67,10 @@ typedef struct {
     int logprobs;            /* -1 = off, else 0..5 alternatives per token */
     bool echo_logprobs;      /* also compute the prompt's logprobs */
     bool ignore_eos;
+    /* Structured output (response_format): every token is sampled from
+     * those the grammar allows, EOS only once the value is complete (even
+     * with ignore_eos). NULL = free text. The request takes a reference. */
+    dol_grammar *grammar;
     int priority;            /* higher is admitted first; FIFO within one */
     double timeout_ms;       /* queue wait + generation; 0 = none */
     const char *id;          /* request id (X-Request-Id) for logs; may be NULL */

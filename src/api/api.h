@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "dolphin/common.h"
+#include "dolphin/grammar.h"
 #include "dolphin/scheduler.h"
 #include "dolphin/tokenizer.h"
 
@@ -94,6 +95,7 @@ typedef struct {
     int max_stop;            /* stop strings; 0 = DOL_MAX_STOP */
     int max_stop_len;        /* bytes per stop string; 0 = DOL_API_MAX_STOP_LEN */
     int max_logit_bias;      /* logit_bias entries; 0 = DOL_MAX_LOGIT_BIAS */
+    int max_grammar_states;  /* response_format schema automaton; 0 = DOL_GRAMMAR_MAX_STATES */
 } dol_api_limits;
 
 /* ---- POST /v1/chat/completions: messages and the Llama-2 chat format ---- */
@@ -161,6 +163,8 @@ typedef struct {
     bool echo;
     bool ignore_eos;
     bool return_token_ids;   /* vLLM's extension: token ids in the response */
+    dol_grammar *grammar;    /* response_format json_object / json_schema (a
+                                reference, released by ..._params_free); NULL = text */
 } dol_completion_params;
 
 /* Validate every known field of a /v1/completions body (unknown fields are
@@ -172,8 +176,10 @@ int dol_api_parse_completion(const cJSON *body, const dol_api_limits *lim,
  * max_completion_tokens, logprobs as a boolean plus top_logprobs). When no
  * max_tokens is given, max_tokens_given is false: generation runs until EOS
  * or the end of the context. Fields that would change the result but are
- * not supported (tools, functions, response_format other than text) are
- * refused by name. */
+ * not supported (tools, functions) are refused by name. Both parsers take
+ * response_format (text, json_object, json_schema: the schema is compiled
+ * here, so an unsupported or oversized one is a 400 naming
+ * "response_format"). */
 int dol_api_parse_chat(const cJSON *body, const dol_api_limits *lim,
                        dol_completion_params *p, dol_api_error *e);
 void dol_api_completion_params_free(dol_completion_params *p);

@@ -630,22 +630,61 @@ static int f_function_call(const cJSON *v, const dol_api_limits *lim,
     return refuse_forced_call(v, "function_call", e);
 }
 
+/* response_format: {"type":"text"} | {"type":"json_object"} |
+ * {"type":"json_schema","json_schema":{"name"?,"schema","strict"?,
+ * "description"?}}. The schema is compiled now (src/constrain), so that
+ * everything it cannot enforce is refused before the request is queued. */
 static int f_response_format(const cJSON *v, const dol_api_limits *lim,
                              dol_completion_params *p, dol_api_error *e)
 {
-    (void)lim; (void)p;
+    static const char *const RF = "response_format";
     const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
     if (!cJSON_IsString(t)) {
-        dol_api_error_invalid(e, "response_format",
-                              "'response_format' must be an object with a string 'type'.");
+        dol_api_error_invalid(e, RF, "'response_format' must be an object with a string 'type'.");
         return -1;
     }
-    if (strcmp(t->valuestring, "text") != 0) {
-        dol_api_error_invalid(e, "response_format", "'response_format' of type '%.64s' is not "
-                              "supported (only \"text\").", t->valuestring);
+    if (strcmp(t->valuestring, "text") == 0) return 0;
+    if (strcmp(t->valuestring, "json_object") == 0) {
+        p->grammar = dol_grammar_json_object();
+        return p->grammar ? 0 : oom(e);
+    }
+    if (strcmp(t->valuestring, "json_schema") != 0) {
+        dol_api_error_invalid(e, RF, "'response_format' of type '%.64s' is not supported "
+                              "(\"text\", \"json_object\" or \"json_schema\").", t->valuestring);
         return -1;
     }
-    return 0;
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(v, "json_schema");
+    if (!cJSON_IsObject(js)) {
+        dol_api_error_invalid(e, RF, "'response_format.json_schema' must be an object with "
+                              "a 'schema'.");
+        return -1;
+    }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+    const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+    const cJSON *desc = cJSON_GetObjectItemCaseSensitive(js, "description");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    if ((name && !cJSON_IsString(name)) || (desc && !cJSON_IsString(desc)) ||
+        (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))) {
+        dol_api_error_invalid(e, RF, "'response_format.json_schema': 'name' and 'description' "
+                              "must be strings, 'strict' a boolean.");
+        return -1;
+    }
+    if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema)) {
+        dol_api_error_invalid(e, RF, "'response_format.json_schema.schema' must be a JSON "
+                              "Schema object.");
+        return -1;
+    }
+    char *text = cJSON_PrintUnformatted(schema);
+    if (!text) return oom(e);
+    char msg[400];
+    bool is_oom = false;
+    int rc = dol_grammar_from_schema(text, strlen(text), lim->max_grammar_states, &p->grammar,
+                                     msg, sizeof msg, &is_oom);
+    free(text);
+    if (rc == 0) return 0;
+    if (is_oom) return oom(e);
+    dol_api_error_invalid(e, RF, "response_format.json_schema.schema: %s.", msg);
+    return -1;
 }
 
 /* ---- the tables ----------------------------------------------------------- */
@@ -693,7 +732,7 @@ static const struct {
     {"tool_choice", CHAT, f_tool_choice},
     {"functions", CHAT, f_functions},
     {"function_call", CHAT, f_function_call},
-    {"response_format", CHAT, f_response_format},
+    {"response_format", BOTH, f_response_format},
 };
 
 static void defaults(dol_completion_params *p, const dol_api_limits *lim)
@@ -801,6 +840,7 @@ void dol_api_completion_params_free(dol_completion_params *p)
     free(p->prompts);
     dol_api_messages_free(p->messages, p->n_messages);
     for (int i = 0; i < p->n_stop; i++) free(p->stop[i]);
+    dol_grammar_release(p->grammar);
     memset(p, 0, sizeof *p);
 }
 

@@ -94,6 +94,9 @@ static const field FIELDS[] = {
       .help = "longest stop string, in bytes" },
     { .name = "max_logit_bias", .type = F_INT, AT(max_logit_bias), .min = 1, .max = 300,
       .def = "300", .metavar = "N", .help = "most logit_bias entries in one request" },
+    { .name = "max_grammar_states", .type = F_INT, AT(max_grammar_states), .min = 16,
+      .max = 10000000, .def = "20000", .metavar = "N",
+      .help = "most automaton states a response_format JSON schema may compile to" },
     /* model */
     { .name = "model", .type = F_STR, AT(model), .def = "", .metavar = "DIR",
       .help = "Hugging Face model directory (required; relative to the working directory)",

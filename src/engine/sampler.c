@@ -138,15 +138,19 @@ int32_t dol_sampler_pick(dol_sampler *s, const dol_sampling_params *p,
     /* softmax(logits / T) */
     float maxl = logits[argmax(logits, n)];
     double sum = 0.0;
+    int m = 0;
     for (int i = 0; i < n; i++) {
         float v = expf((logits[i] - maxl) / p->temperature);
-        s->c[i].p = v;
-        s->c[i].id = i;
+        /* a token without mass (masked to -inf, or underflowed) can never be
+         * drawn: leaving it out of the sort changes nothing but the cost */
+        if (v <= 0.0f) continue;
+        s->c[m].p = v;
+        s->c[m].id = i;
+        m++;
         sum += v;
     }
-    int m = n;
     /* top-k: keep the k most likely (partial work: sort once, then cut) */
-    qsort(s->c, (size_t)n, sizeof(cand), cand_desc);
+    qsort(s->c, (size_t)m, sizeof(cand), cand_desc);
     if (p->top_k > 0 && p->top_k < m) {
         m = p->top_k;
         sum = 0.0;

@@ -519,6 +519,7 @@ void dol_http_api_limits(const dol_http_req *c, const dol_http_attached *a,
     lim->max_stop = cfg->max_stop;
     lim->max_stop_len = cfg->max_stop_len;
     lim->max_logit_bias = cfg->max_logit_bias;
+    lim->max_grammar_states = cfg->max_grammar_states;
 }
 
 int dol_http_check_model(const char *model, const dol_http_attached *a, dol_api_error *e)
@@ -584,6 +585,7 @@ int dol_http_gen_add(dol_http_req *c, const dol_http_attached *a,
         .seed = (p->has_seed ? p->seed : dol_http_random_u64()) + (uint64_t)index * (uint64_t)p->n,
         .n_stop = p->n_stop, .logprobs = p->logprobs,
         .echo_logprobs = c->gen->echo && p->logprobs >= 0, .ignore_eos = p->ignore_eos,
+        .grammar = p->grammar,
         .priority = request_priority(c),
         .timeout_ms = c->srv->cfg->request_timeout_s > 0 ? c->srv->cfg->request_timeout_s * 1000.0
                                                          : 0,

@@ -35,6 +35,8 @@ dol_request *dol_request_create(const dol_request_params *p)
     r->logprobs = p->logprobs;
     r->echo_logprobs = p->echo_logprobs;
     r->ignore_eos = p->ignore_eos;
+    r->grammar = p->grammar;
+    if (r->grammar) dol_grammar_retain(r->grammar);
     r->priority = p->priority;
     r->timeout_ms = p->timeout_ms;
     snprintf(r->id, sizeof r->id, "%s", p->id ? p->id : "");
@@ -184,6 +186,7 @@ void dol_request_release(dol_request *r)
     }
     free(r->prompt_lps);
     free(r->prompt_ids);
+    dol_grammar_release(r->grammar);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     pthread_mutex_destroy(&r->mu);
     free(r);

@@ -32,6 +32,7 @@ struct dol_request {
     int logprobs;
     bool echo_logprobs;
     bool ignore_eos;
+    dol_grammar *grammar;    /* a reference, or NULL */
     int priority;
     double timeout_ms;
     char id[64];

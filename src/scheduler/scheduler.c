@@ -28,6 +28,7 @@ typedef struct {
     float *logits;        /* [vocab] logits after the last token */
     dol_rng rng;
     bool finished;
+    dol_matcher *m;       /* structured output: the choice's grammar state */
     bool waiting_fork;    /* n > 1: created from choice 0 once its prompt is in */
     dol_token_logprob *plps; /* choice 0 of an echo_logprobs request: the
                                 prompt's logprobs so far (n_prompt entries),
@@ -69,6 +70,8 @@ struct dol_scheduler {
     dol_request **touched;    /* requests with new output this step */
     dol_sampler *sampler;
     float *lp_scratch;
+    dol_grammar_vocab *gv;    /* the vocabulary trie, built on the first grammar */
+    uint64_t *mask;           /* one sequence's allowed tokens */
 
     uint64_t n_steps, n_prompt_tokens, n_generated; /* copied into st */
     uint64_t n_prefix_query_tokens, n_prefix_hit_tokens;
@@ -229,6 +232,7 @@ static void slot_free(dol_scheduler *s, int i)
     free(q->tokens);
     free(q->logits);
     free(q->plps);
+    dol_matcher_free(q->m);
     memset(q, 0, sizeof *q);
     s->n_used--;
 }
@@ -313,11 +317,14 @@ static int slot_new(dol_scheduler *s, dol_request *r, int choice)
      * floats of these logits (dol_cpu_matmul_scatter), and a run that
      * straddled a line would share it with the other thread's */
     if (posix_memalign((void **)&q->logits, 64, sizeof(float) * (size_t)s->vocab) != 0) q->logits = NULL;
-    if (!q->tokens || !q->logits) { free(q->tokens); free(q->logits); return -1; }
+    if (r->grammar) q->m = dol_matcher_new(r->grammar);
+    if (!q->tokens || !q->logits || (r->grammar && !q->m)) {
+        free(q->tokens); free(q->logits); dol_matcher_free(q->m); return -1;
+    }
     if (choice == 0 && r->echo_logprobs) {
         /* entry 0 has no logprob: nothing comes before the first token */
         q->plps = calloc((size_t)r->n_prompt, sizeof *q->plps);
-        if (!q->plps) { free(q->tokens); free(q->logits); return -1; }
+        if (!q->plps) { free(q->tokens); free(q->logits); dol_matcher_free(q->m); return -1; }
         q->plps[0].id = r->prompt_ids[0];
         q->plps[0].n_top = -1;
     }
@@ -360,6 +367,16 @@ static int admit(dol_scheduler *s, dol_request *r)
     if (total > s->ctx) total = s->ctx;
     int seq = dol_engine_seq_new(s->e);
     if (seq < 0) return -1;
+    if (r->grammar && !s->gv) {   /* the vocabulary trie, once */
+        s->gv = dol_grammar_vocab_new(s->tok, s->vocab);
+        s->mask = s->gv ? malloc(sizeof(uint64_t) * (size_t)dol_grammar_mask_words(s->gv)) : NULL;
+        if (!s->mask) {
+            dol_grammar_vocab_free(s->gv);
+            s->gv = NULL;
+            dol_engine_seq_free(s->e, seq);
+            return -1;
+        }
+    }
     /* Prefix cache: the prompt's leading whole blocks may already be in the
      * pool (an echo with logprobs needs every prompt token's logits, so it
      * computes them all). */
@@ -437,6 +454,25 @@ static void record_logprob(const dol_scheduler *s, const dol_request *r,
     if (lp->n_top) dol_top_logprobs(logits, s->vocab, lp->n_top, lp->top_ids, lp->top_logprobs);
 }
 
+/* Structured output: every token the grammar does not allow next gets
+ * -inf, after penalties and logit bias, before any sampling step (greedy,
+ * temperature, top-k/top-p/min-p then only see allowed tokens). The mask
+ * depends on q's grammar state alone. False when nothing is allowed (a
+ * complete value with nothing after it and EOS out of the vocabulary). */
+static bool apply_grammar(dol_scheduler *s, seq_t *q)
+{
+    dol_matcher_mask(q->m, s->gv, s->mask);
+    bool any = false;
+    for (int w = 0; w < dol_grammar_mask_words(s->gv); w++) {
+        uint64_t bits = s->mask[w];
+        any |= bits != 0;
+        if (bits == ~0ull) continue;
+        for (int b = 0; b < 64 && w * 64 + b < s->vocab; b++)
+            if (!(bits >> b & 1)) q->logits[w * 64 + b] = -INFINITY;
+    }
+    return any;
+}
+
 /* Sample the next token of q from q->logits and hand it to the request.
  * Returns true when the request was retired. */
 static bool sample_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
@@ -447,10 +483,16 @@ static bool sample_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
         memcpy(s->lp_scratch, q->logits, sizeof(float) * (size_t)s->vocab);
     dol_sampler_apply_penalties(s->sampler, &r->sampling, q->logits, q->tokens, q->n_tokens,
                                 r->n_prompt);
+    if (q->m && !apply_grammar(s, q)) return finish_choice(s, q, DOL_FINISH_STOP);
     int32_t id = dol_sampler_pick(s->sampler, &r->sampling, q->logits, &q->rng);
     if (r->logprobs >= 0) record_logprob(s, r, s->lp_scratch, id, &lp);
     q->tokens[q->n_tokens++] = id;
-    bool is_end = !r->ignore_eos && (id == s->eos || id == s->bos);
+    bool is_end = (!r->ignore_eos || q->m) && (id == s->eos || id == s->bos);
+    if (q->m && !is_end && !dol_matcher_accept(q->m, s->gv, id)) {
+        /* cannot happen (the mask allowed it); fail safe */
+        fail_request(s, r, 500, "server_error", NULL, "structured output: token not allowed");
+        return true;
+    }
     bool stopped = false;
     pthread_mutex_lock(&r->mu);
     if (r->t_first_token_ms == 0) r->t_first_token_ms = now_ms(s);
@@ -861,6 +903,8 @@ static void free_buffers(dol_scheduler *s)
     free(s->touched);
     dol_sampler_free(s->sampler);
     free(s->lp_scratch);
+    dol_grammar_vocab_free(s->gv);
+    free(s->mask);
 }
 
 int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,

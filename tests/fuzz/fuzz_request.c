@@ -11,7 +11,11 @@
  * here, so that both sides of each are reached), a refused one carries a
  * 4xx OpenAI-shaped error that renders as JSON (500 is never an answer to
  * user input), and the token-count lower bound that lets the routes refuse
- * a prompt before encoding it never exceeds the real count. */
+ * a prompt before encoding it never exceeds the real count. An accepted
+ * response_format grammar (json_object, or a json_schema compiled from the
+ * input) is then driven for a few tokens over the stories260K vocabulary:
+ * every token its mask allows is accepted by the matcher, and a mask is
+ * never empty before the value is complete. */
 #include <math.h>
 #include <string.h>
 
@@ -23,6 +27,7 @@
 #endif
 
 static dol_tokenizer *g_tok; /* NULL when the fixtures are absent */
+static dol_grammar_vocab *g_vocab; /* the trie of g_tok, or NULL */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -35,6 +40,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         fprintf(stderr, "fuzz_request: no tokenizer, chat prompts not built: %s\n", err);
         g_tok = NULL;
     }
+    if (g_tok) g_vocab = dol_grammar_vocab_new(g_tok, dol_tokenizer_vocab_size(g_tok));
     return 0;
 }
 
@@ -54,7 +60,9 @@ static const dol_api_limits LIMITS = {
     .max_stop = 3,
     .max_stop_len = 32,
     .max_logit_bias = 20,
+    .max_grammar_states = 2000,
 };
+
 
 /* Nesting depth of a parsed value (an object or array counts 1). */
 static int tree_depth(const cJSON *v)
@@ -86,9 +94,39 @@ static void check_error(const dol_api_error *e)
 
 static bool in(double v, double lo, double hi) { return v >= lo && v <= hi; }
 
+/* Drive the grammar for a few tokens: each step takes the first allowed
+ * token after a position picked from the grammar's own size, which the
+ * matcher must accept; the mask is empty only after a complete value. */
+static void check_grammar(dol_grammar *g)
+{
+    FUZZ_CHECK(dol_grammar_n_states(g) <= LIMITS.max_grammar_states);
+    if (!g_vocab) return;
+    dol_matcher *m = dol_matcher_new(g);
+    FUZZ_CHECK(m != NULL);
+    int vocab = dol_tokenizer_vocab_size(g_tok), eos = dol_tokenizer_eos_id(g_tok);
+    uint64_t mask[(512 + 63) / 64 + 8];
+    if ((vocab + 63) / 64 > (int)(sizeof mask / sizeof mask[0])) { dol_matcher_free(m); return; }
+    for (int step = 0; step < 12; step++) {
+        dol_matcher_mask(m, g_vocab, mask);
+        FUZZ_CHECK(((mask[eos >> 6] >> (eos & 63)) & 1) == dol_matcher_complete(m));
+        int start = (step * 131 + dol_grammar_n_states(g)) % vocab, pick = -1;
+        for (int k = 0; k < vocab && pick < 0; k++) {
+            int id = (start + k) % vocab;
+            if (id != eos && (mask[id >> 6] >> (id & 63) & 1)) pick = id;
+        }
+        if (pick < 0) {        /* only EOS (or nothing): the value must be complete */
+            FUZZ_CHECK(dol_matcher_complete(m));
+            break;
+        }
+        FUZZ_CHECK(dol_matcher_accept(m, g_vocab, pick));
+    }
+    dol_matcher_free(m);
+}
+
 /* Every documented limit of an accepted request. */
 static void check_params(const dol_completion_params *p)
 {
+    if (p->grammar) check_grammar(p->grammar);
     if (p->chat) {
         FUZZ_CHECK(p->n_prompts == 0 && p->n_messages >= 1 && p->messages != NULL);
         for (int i = 0; i < p->n_messages; i++) {

@@ -67,6 +67,25 @@ def request_seeds():
                                          {"role": "user", "content": "y"}],
                             "tools": [], "tool_choice": "auto",
                             "response_format": {"type": "text"}},
+        "json_object.json": {"prompt": "x", "max_tokens": 8,
+                             "response_format": {"type": "json_object"}},
+        "json_schema.json": {"messages": [{"role": "user", "content": "x"}], "response_format": {
+            "type": "json_schema", "json_schema": {"name": "t", "strict": True, "schema": {
+                "$defs": {"n": {"type": "object", "properties": {
+                    "v": {"type": ["integer", "null"], "minimum": -5, "maximum": 99},
+                    "k": {"type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 2}},
+                    "required": ["v"], "additionalProperties": False}},
+                "type": "object", "properties": {
+                    "s": {"type": "string", "minLength": 1, "maxLength": 4},
+                    "e": {"enum": ["a", 1, None, [1]]}, "u": {"type": "string", "format": "uuid"},
+                    "t": {"$ref": "#/$defs/n"},
+                    "o": {"oneOf": [{"type": "string"}, {"type": "number"}]},
+                    "m": {"allOf": [{"properties": {"x": {"const": True}}}, {"required": ["x"]}]},
+                    "p": {"type": "array", "prefixItems": [{"type": "boolean"}], "items": False}},
+                "required": ["s", "t"], "additionalProperties": {"type": "number"}}}}},
+        "json_schema_refused.json": {"prompt": "x", "response_format": {
+            "type": "json_schema", "json_schema": {"schema": {
+                "type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}}}},
         "tokenize.json": {"prompt": "Once upon a time", "add_special_tokens": False},
         "tokenize_messages.json": {"messages": [{"role": "user", "content": "hi"}]},
         "detokenize.json": {"tokens": [1, 403, 407, 511], "model": "stories260K"},

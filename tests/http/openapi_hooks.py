@@ -23,6 +23,9 @@ sent, always keeping it as valid or invalid against the schema as it was:
 - a model name (string) is replaced by the served one half of the time
   (deterministically), so both the 200 and the 404 paths are exercised;
 - a chat request with no length limit gets max_tokens 8.
+- a response_format json_schema's `schema`, when it is an object or a
+  boolean (valid for the spec, which cannot state the supported subset of
+  JSON Schema), becomes one schema from that subset.
 
 - a `seed` outside the 64-bit range that a JSON parser reading numbers as
   doubles cannot tell from one inside it (-2^63 - 1 is the same double as
@@ -205,6 +208,18 @@ def _model(body):
         body["model"] = MODEL
 
 
+SUPPORTED_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+                                                             "maximum": 9}},
+                    "required": ["a"], "additionalProperties": False}
+
+
+def _schema(body):
+    rf = body.get("response_format")
+    js = rf.get("json_schema") if isinstance(rf, dict) else None
+    if isinstance(js, dict) and isinstance(js.get("schema"), (dict, bool)):
+        js["schema"] = SUPPORTED_SCHEMA
+
+
 @schemathesis.hook
 def before_call(context, case, kwargs):
     body = case.body
@@ -230,6 +245,7 @@ def before_call(context, case, kwargs):
                 body["max_tokens"] = FAST_TOKENS
         if "seed" in body:
             body["seed"] = _seed(body["seed"])
+        _schema(body)
         _model(body)
     elif path == "/tokenize":
         if "messages" in body:

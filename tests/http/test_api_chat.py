@@ -305,7 +305,7 @@ def test_chat_stop(server):
     ({"tool_choice": "required"}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": {"name": "f"}}, "function_call"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "a"}}}}, "response_format"),
     ({"n": 0}, "n"),
     ({"temperature": "hot"}, "temperature"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),

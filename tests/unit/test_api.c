@@ -236,6 +236,43 @@ static void test_chat_params(void **state)
                       "max_tokens");
 }
 
+/* response_format: compiled while parsing, on both routes; refusals name
+ * response_format and, for a schema keyword, the keyword and its pointer. */
+static void test_response_format(void **state)
+{
+    (void)state;
+    static const char *const ok[] = {
+        "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}",
+        "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+        "{\"name\":\"n\",\"strict\":true,\"schema\":{\"type\":\"array\",\"items\":{\"enum\":[1,2]}}}}}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":"
+        "{\"type\":\"json_object\"}}",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        cJSON *body = cJSON_Parse(ok[i]);
+        dol_completion_params p;
+        dol_api_error e = {0};
+        int rc = i < 2 ? dol_api_parse_completion(body, &LIM, &p, &e)
+                       : dol_api_parse_chat(body, &LIM, &p, &e);
+        assert_int_equal(rc, 0);
+        assert_non_null(p.grammar);
+        dol_api_completion_params_free(&p);
+        cJSON_Delete(body);
+    }
+    cJSON *body = cJSON_Parse("{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\","
+                              "\"json_schema\":{\"schema\":{\"properties\":{\"a\":{\"type\":"
+                              "\"string\",\"pattern\":\"x\"}}}}}}");
+    dol_completion_params p;
+    dol_api_error e = {0};
+    assert_int_equal(dol_api_parse_completion(body, &LIM, &p, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "response_format");
+    assert_non_null(strstr(e.message, "'pattern' at /properties/a/pattern"));
+    assert_null(p.grammar);
+    dol_api_completion_params_free(&p);
+    cJSON_Delete(body);
+}
+
 static void test_completion_refusals(void **state)
 {
     (void)state;
@@ -627,6 +664,7 @@ int main(void)
         cmocka_unit_test(test_messages_shapes),
         cmocka_unit_test(test_chat_params),
         cmocka_unit_test(test_completion_refusals),
+        cmocka_unit_test(test_response_format),
         cmocka_unit_test(test_tokenizer_bodies),
         cmocka_unit_test(test_chat_json),
         cmocka_unit_test(test_json_depth),
