@@ -115,6 +115,13 @@ start_model() {
     echo "made in $(( $(date +%s) - GEN_T0 )) s" ) > "$WORK/make-model.log" 2>&1 &
   GEN_PID=$!
 }
+# the generator runs in a subshell: stop its child first, then the subshell
+stop_model() {
+  kill -0 "$GEN_PID" 2>/dev/null || return 0
+  pkill -P "$GEN_PID" 2>/dev/null; kill "$GEN_PID" 2>/dev/null; wait "$GEN_PID" 2>/dev/null
+  return 0
+}
+trap stop_model EXIT
 start_model
 
 # ---- 1. environment and device ---------------------------------------------
@@ -235,7 +242,7 @@ wait_model() {  # wait for the background generator; 0 when the model is complet
   local t=$1 s
   s=$(date +%s)
   while kill -0 "$GEN_PID" 2>/dev/null && [ $(( $(date +%s) - s )) -lt "$t" ]; do sleep 1; done
-  if kill -0 "$GEN_PID" 2>/dev/null; then kill "$GEN_PID" 2>/dev/null; wait "$GEN_PID" 2>/dev/null; fi
+  stop_model
   cat "$WORK/make-model.log" >> "$LOG5" 2>/dev/null
   [ -f "$MODEL/.complete" ]
 }
