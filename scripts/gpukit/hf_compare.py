@@ -26,6 +26,8 @@ def main():
         return 3
     d = json.load(open(args.logits_json))
     dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.backends.cuda.matmul.allow_tf32 = False  # a float32 reference, not TF32
+    torch.backends.cudnn.allow_tf32 = False
     try:  # transformers 5 names it dtype, 4 torch_dtype
         model = LlamaForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     except TypeError:

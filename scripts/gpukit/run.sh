@@ -53,7 +53,8 @@ else
 fi
 SHAPE="${GPU_KIT_SHAPE:-$SHAPE_DEFAULT}"
 # auto: the largest shape whose checkpoint is made (in the background, from
-# the start, about 110 MB/s from one thread) and measured within the budget
+# the start; 7b, 13.5 GB, is estimated at about 2 minutes from one thread)
+# and measured within the budget
 if [ "$SHAPE" = auto ]; then
   if [ "$BUDGET" -ge 900 ]; then SHAPE=13b; elif [ "$BUDGET" -ge 420 ]; then SHAPE=7b; else SHAPE=1b; fi
 fi
