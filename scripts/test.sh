@@ -11,7 +11,8 @@
 # against the sanitizer build),
 # and the CUDA backend under the CUDA emulation (scripts/ci-cuda-emu.sh:
 # kernels, engine and HTTP tests on the CPU, both thread orders, the mutation
-# check). Fixtures come from $DOLPHIN_SHARED (default ../shared).
+# check), and the GPU verification kit rehearsed under that emulation
+# (scripts/gpu-kit rehearse). Fixtures come from $DOLPHIN_SHARED (default ../shared).
 # Exits non-zero when anything fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,4 +53,6 @@ echo "== soak test (tests/soak/soak.py: build/dolphind, then build-asan/dolphind
 "$PY" tests/soak/soak.py --bin "$PWD/build-asan/dolphind" --no-rss-check
 echo "== CUDA backend on the CPU (DOLPHIN_CUDA=EMU, ASan + UBSan: scripts/ci-cuda-emu.sh)"
 bash scripts/ci-cuda-emu.sh
+echo "== GPU kit rehearsal (scripts/gpu-kit rehearse: the kit's run.sh against a Release build of the CUDA emulation, one injected failure)"
+bash scripts/gpu-kit rehearse
 echo "== all tests passed"

@@ -1,6 +1,7 @@
-/* tests/cuda/membw.c — dol-cuda-membw: device-to-device copy bandwidth of
- * the first CUDA device, the memory roofline that scripts/gpu-check.sh
- * compares batch-1 decode with. Copies a buffer of SIZE_MIB (default 2048)
+/* tests/cuda/membw.c — dol-cuda-membw: the first CUDA device's properties
+ * (one `device_...` line) and its device-to-device copy bandwidth, the
+ * memory roofline that the GPU kit (scripts/gpu-kit) compares batch-1
+ * decode with. Copies a buffer of SIZE_MIB (default 2048)
  * with cudaMemcpyAsync a number of times after a warm-up and prints the best
  * rate as bytes moved (read + write, 2 x size) per second:
  *   d2d_copy_GBps=<rate> buffer_MiB=<size>
@@ -45,6 +46,18 @@ int main(int argc, char **argv)
                cudaGetErrorString(rc), cudaGetErrorName(rc));
         return 77;
     }
+    int major = 0, minor = 0, sms = 0, smem = 0, rt = 0, drv = 0;
+    size_t free_b = 0, total_b = 0;
+    CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlock, 0));
+    CHECK(cudaRuntimeGetVersion(&rt));
+    CHECK(cudaDriverGetVersion(&drv));
+    CHECK(cudaMemGetInfo(&free_b, &total_b));
+    printf("device_count=%d device_cc=%d.%d device_sms=%d device_smem_per_block_KiB=%d "
+           "device_mem_total_MiB=%zu device_mem_free_MiB=%zu runtime=%d driver=%d\n", n, major,
+           minor, sms, smem / 1024, total_b >> 20, free_b >> 20, rt, drv);
     size_t bytes = mib << 20;
     void *a = NULL, *b = NULL;
     CHECK(cudaMalloc(&a, bytes));
