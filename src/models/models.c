@@ -710,8 +710,10 @@ dol_acquire_result dol_models_acquire(dol_models *m, int idx, void (*wake)(void 
         lease->context_len = e->context_len;
         res = DOL_ACQUIRE_OK;
     } else if (e->state == DOL_MODEL_FAILED && (now < e->retry_at_ms || e->thread_live)) {
-        snprintf(reason, reason_len, "%s", e->thread_live ? "a previous load is still running"
-                                                          : e->error);
+        /* the failure's reason while in back-off; after it, a load that
+         * timed out may still be finishing */
+        snprintf(reason, reason_len, "%s", now < e->retry_at_ms ? e->error
+                                           : "a previous load is still running");
         double left = (e->retry_at_ms - now) / 1000.0;
         *retry_after_s = left > 1 ? left : 1;
         res = DOL_ACQUIRE_FAILED;

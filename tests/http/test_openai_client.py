@@ -31,7 +31,7 @@ API_KEY = "client-test-key-0123456789"
 LONG_TOKENS = 1000   # tiny-llama2 (context 1024): seconds of generation on one thread
 
 # Fields Dolphin adds to OpenAI's objects (docs/api.md, docs/openapi.yaml).
-EXTENSIONS = {"max_model_len", "prompt_token_ids", "token_ids"}
+EXTENSIONS = {"max_model_len", "prompt_token_ids", "token_ids", "dolphin"}
 
 
 # ---- servers ----------------------------------------------------------------------
