@@ -9,6 +9,7 @@
  * the main thread waits for a signal and, every 100 ms, samples the
  * readiness memory watch and lets the registry time out loads and waits. */
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -59,6 +60,12 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+
+    /* Large buffers (converted weights, KV caches, workspaces) get their own
+     * mappings, so that unloading a model hands them back: glibc would
+     * otherwise raise this threshold after the first such free and take
+     * later ones from a heap, where freed space stays resident. */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
 
     int threads = cfg.threads > 0 ? cfg.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1) threads = 1;

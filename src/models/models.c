@@ -50,6 +50,7 @@ typedef struct {
     /* the load in progress (or the last one) */
     bool thread_live;            /* a load thread runs for this entry */
     bool abandoned;              /* past load_timeout_s: it discards what it loads */
+    bool reserved;               /* loading, past make_room: counts as loaded */
     double load_started_ms, load_deadline_ms;
     int failures;                /* in a row */
     double retry_at_ms;
@@ -411,15 +412,21 @@ static int make_room(dol_models *m, int i, char *err, size_t errlen)
         size_t used = 0;
         for (int j = 0; j < m->n; j++) {
             if (j == i) continue;
+            /* a load still waiting for room holds none: two such loads must
+             * not each wait for the other */
             if (m->e[j].state == DOL_MODEL_LOADED) used += m->e[j].bytes;
-            else if (m->e[j].state == DOL_MODEL_LOADING) used += estimate_bytes(&m->e[j]);
+            else if (m->e[j].state == DOL_MODEL_LOADING && m->e[j].reserved)
+                used += estimate_bytes(&m->e[j]);
             else continue;
             busy++;
         }
         int64_t budget = m->cfg->memory_budget_bytes;
         bool over_count = busy >= m->cfg->max_loaded_models;
         bool over_budget = budget > 0 && busy > 0 && used + need > (size_t)budget;
-        if (!over_count && !over_budget) return 0;
+        if (!over_count && !over_budget) {
+            e->reserved = true;
+            return 0;
+        }
         int v = lru_victim(m, i);
         if (v >= 0) {
             unload_locked(m, v, over_count ? "max_loaded_models" : "memory_budget");
@@ -537,6 +544,7 @@ static void *load_main(void *arg)
         }
     }
     bool abandoned = e->abandoned;
+    e->reserved = false;
     wake_list wl = take_waiters(e);
     pthread_cond_broadcast(&m->cv);
     pthread_mutex_unlock(&m->mu);

@@ -17,6 +17,13 @@ the fixtures are absent: it says it skipped).
 
     .venv/bin/python tests/soak/soak.py [--bin build/dolphind] [--requests 2000]
                                [--warmup 300] [--concurrency 16] [--no-rss-check]
+                               [--models]
+
+With --models the server serves three models (stories260K F32, tiny-llama2
+F16, stories260K NF4 under another name) with at most two loaded, and every
+request picks one at random: loads and unloads go on under the load, and the
+references are taken per model. Memory is compared with the same two models
+loaded at both points.
 
 With a sanitizer build (--no-rss-check: ASan's quarantine keeps freed memory
 resident) the same run checks for memory errors and leaks under load: any
@@ -31,6 +38,7 @@ import os
 import random
 import socket
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -90,6 +98,24 @@ class Failure(Exception):
     pass
 
 
+# --models: the entries (name, test model, weights); two at most loaded
+MODELS = [("stories", "stories260K", "f32"), ("tiny", "tiny-llama2", "f16"),
+          ("stories-nf4", "stories260K", "nf4")]
+
+
+def models_config(shared, path):
+    lines = ["models:"]
+    for name, model, weights in MODELS:
+        lines += [f"  - name: {name}", f'    path: "{Path(shared) / "models" / model}"',
+                  f"    weights: {weights}"]
+    lines.append("max_loaded_models: 2")
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def with_model(spec, model):
+    return dict(spec, model=model) if model else spec
+
+
 def post(srv, body, ctype="application/json"):
     """One POST /v1/completions of raw bytes, on a connection of its own."""
     return requests.post(srv.url + "/v1/completions", data=body,
@@ -129,9 +155,10 @@ def do_stream(srv, spec, ref):
         raise Failure(f"streamed {out!r} differs from the non-streamed text {ref!r}")
 
 
-def do_cancel(srv):
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True,
-                       "temperature": 0, "stream": True}).encode()
+def do_cancel(srv, model=None):
+    body = json.dumps(with_model({"prompt": "Once upon a time", "max_tokens": 400,
+                                  "ignore_eos": True, "temperature": 0, "stream": True},
+                                 model)).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT)
@@ -191,12 +218,12 @@ def run_phase(srv, plan, refs, concurrency, tally, deadline):
             tally.add(kind, "not sent: the soak test ran out of time")
             return
         try:
-            if kind == "valid":
-                do_valid(srv, VALID[arg], refs[arg])
-            elif kind == "stream":
-                do_stream(srv, VALID[arg], refs[arg])
+            if kind in ("valid", "stream"):
+                i, model = arg
+                spec, ref = with_model(VALID[i], model), refs[(i, model)]
+                (do_valid if kind == "valid" else do_stream)(srv, spec, ref)
             elif kind == "cancel":
-                do_cancel(srv)
+                do_cancel(srv, arg)
             elif kind == "malformed":
                 do_malformed(srv, MALFORMED[arg])
             else:
@@ -208,13 +235,13 @@ def run_phase(srv, plan, refs, concurrency, tally, deadline):
         list(ex.map(one, plan))
 
 
-def make_plan(n, rng):
+def make_plan(n, rng, models):
     plan = []
     for _ in range(n):
         kind = rng.choices(KINDS, WEIGHTS)[0]
-        arg = {"valid": lambda: rng.randrange(len(VALID)),
-               "stream": lambda: rng.randrange(len(VALID)),
-               "cancel": lambda: None,
+        arg = {"valid": lambda: (rng.randrange(len(VALID)), rng.choice(models)),
+               "stream": lambda: (rng.randrange(len(VALID)), rng.choice(models)),
+               "cancel": lambda: rng.choice(models),
                "malformed": lambda: rng.randrange(len(MALFORMED)),
                "oversize": lambda: rng.randrange(0, 4096)}[kind]()
         plan.append((kind, arg))
@@ -238,7 +265,10 @@ def main():
                          "quarantine keeps freed memory resident)")
     ap.add_argument("--time-limit", type=float, default=300, help="seconds for the whole run")
     ap.add_argument("--seed", type=int, default=8)
+    ap.add_argument("--models", action="store_true",
+                    help="three models, two loaded at most, requests spread over them")
     a = ap.parse_args()
+    names = [m[0] for m in MODELS] if a.models else [None]
 
     model = Path(a.shared) / "models" / "stories260K"
     if not model.is_dir():
@@ -253,32 +283,49 @@ def main():
     rng = random.Random(a.seed)
     problems = []
     try:
-        srv = Dolphind(model, ["--backend", a.backend, "--log-level", "warn"], threads=a.threads,
-                       binary=a.bin)
+        if a.models:
+            cfg = Path(tempfile.mkdtemp(prefix="soak-")) / "models.yaml"
+            models_config(a.shared, cfg)
+            srv = Dolphind(None, ["--config", cfg, "--backend", a.backend, "--log-level", "warn"],
+                           threads=a.threads, binary=a.bin)
+        else:
+            srv = Dolphind(model, ["--backend", a.backend, "--log-level", "warn"],
+                           threads=a.threads, binary=a.bin)
     except BaseException as e:  # noqa: BLE001 — the harness fails through pytest.fail
         print(f"soak: FAILED: {e}")
         return 1
     try:
-        # 1. references: each valid request alone
-        refs = []
-        for spec in VALID:
-            r = post(srv, json.dumps(spec).encode())
-            if r.status_code != 200:
-                raise Failure(f"reference request {spec} answered {r.status_code}: "
-                              f"{r.text[:200]!r}")
-            refs.append(texts_of(r))
+        # 1. references: each valid request alone (on each model)
+        refs = {}
+        for model in names:
+            for i, spec in enumerate(VALID):
+                r = post(srv, json.dumps(with_model(spec, model)).encode())
+                if r.status_code != 200:
+                    raise Failure(f"reference request {spec} ({model}) answered "
+                                  f"{r.status_code}: {r.text[:200]!r}")
+                refs[(i, model)] = texts_of(r)
+
+        def settle():
+            """Idle, with the same models loaded every time (the least
+            recently used goes first: tiny, then the two stories ones)."""
+            if a.models:
+                for m in ("tiny", "stories", "stories-nf4"):
+                    r = post(srv, json.dumps({"model": m, "prompt": "x", "max_tokens": 1}).encode())
+                    if r.status_code != 200:
+                        raise Failure(f"{m} answered {r.status_code}: {r.text[:200]!r}")
+            return srv.wait_idle()
 
         # 2. warm-up, 3. the rest; RSS after each, once idle
         tally = Tally()
-        run_phase(srv, make_plan(a.warmup, rng), refs, a.concurrency, tally, deadline)
-        srv.wait_idle()
+        run_phase(srv, make_plan(a.warmup, rng, names), refs, a.concurrency, tally, deadline)
+        settle()
         rss_warm = srv.rss_kib()
         t_warm = time.monotonic()
-        run_phase(srv, make_plan(a.requests - a.warmup, rng), refs, a.concurrency, tally,
+        run_phase(srv, make_plan(a.requests - a.warmup, rng, names), refs, a.concurrency, tally,
                   deadline)
         if srv.proc.poll() is not None:
             raise Failure(f"dolphind died (exit {srv.proc.returncode}):\n{srv.log()[-3000:]}")
-        h = srv.wait_idle()
+        h = settle()
         rss_end = srv.rss_kib()
         t_end = time.monotonic()
         status = requests.get(srv.url + "/healthz", timeout=30).status_code
@@ -300,6 +347,13 @@ def main():
             print(f"  {ex}")
         print(f"soak: KV blocks in use after the load {h['kv_cache']['blocks_used']} of "
               f"{h['kv_cache']['blocks_total']}")
+        if a.models:
+            ms = requests.get(srv.url + "/v1/models", timeout=30).json()["data"]
+            print("soak: models " + ", ".join(
+                f"{m['id']} {m['dolphin']['state']} loads {m['dolphin']['loads']} unloads "
+                f"{m['dolphin']['unloads']} failures {m['dolphin']['load_failures']}" for m in ms))
+            if any(m["dolphin"]["load_failures"] for m in ms):
+                problems.append("a model failed to load")
         print(f"soak: VmRSS after warm-up {rss_warm[0] / 1024:.1f} MiB, at the end "
               f"{rss_end[0] / 1024:.1f} MiB ({growth:+.2f} %); RssAnon "
               f"{rss_warm[1] / 1024:.1f} -> {rss_end[1] / 1024:.1f} MiB ({anon_growth:+.2f} %); "
