@@ -4,7 +4,8 @@
 # (ctest), the HTTP tests against a live dolphind (pytest from the .venv that
 # setup.sh builds: the official `openai` client suite and the schemathesis
 # run against docs/openapi.yaml are part of them), the fuzz targets (scripts/fuzz.sh,
-# DOLPHIN_FUZZ_SECONDS each, default 45 here), the soak test (tests/soak),
+# DOLPHIN_FUZZ_SECONDS each, default 45 here), the soak tests (tests/soak: one
+# model, then three with loads and unloads under the load),
 # and the CUDA backend under the CUDA emulation (scripts/ci-cuda-emu.sh:
 # kernels, engine and HTTP tests on the CPU, both thread orders, the mutation
 # check). Fixtures come from $DOLPHIN_SHARED (default ../shared).
@@ -39,6 +40,8 @@ DOLPHIN_FUZZ_SECONDS="${DOLPHIN_FUZZ_SECONDS:-45}" bash scripts/fuzz.sh
 echo "== soak test (tests/soak/soak.py: build/dolphind, then build-asan/dolphind)"
 "$PY" tests/soak/soak.py --bin "$PWD/build/dolphind"
 "$PY" tests/soak/soak.py --bin "$PWD/build-asan/dolphind" --no-rss-check
+echo "== soak test over three models, two loaded at most (tests/soak/soak.py --models)"
+"$PY" tests/soak/soak.py --bin "$PWD/build/dolphind" --models --requests 300 --warmup 60 --concurrency 8
 echo "== CUDA backend on the CPU (DOLPHIN_CUDA=EMU, ASan + UBSan: scripts/ci-cuda-emu.sh)"
 bash scripts/ci-cuda-emu.sh
 echo "== all tests passed"
