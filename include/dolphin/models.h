@@ -61,6 +61,8 @@ int dol_models_count(const dol_models *m);
 /* The entry answering to `id` (a name or an alias); NULL or "" picks the
  * first entry. -1 when none does. */
 int dol_models_find(const dol_models *m, const char *id);
+/* Entry idx's name (lives as long as m). */
+const char *dol_models_name(const dol_models *m, int idx);
 /* The names, comma-separated, into buf (for a 404's message). */
 void dol_models_names(const dol_models *m, char *buf, size_t n);
 

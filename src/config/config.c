@@ -1000,7 +1000,11 @@ int dol_config_load_yaml(dol_config *c, const char *path, char *err, size_t errl
                 yaml_document_delete(&doc);
             }
         }
-        if (rc == 0) rc = finalize_models(tmp, err, errlen);
+        if (rc == 0) {
+            char prob[DOL_ERR_LEN];
+            rc = finalize_models(tmp, prob, sizeof prob);
+            if (rc) dol_set_err(err, errlen, "%s: %s", path, prob);
+        }
         if (rc == 0) *c = *tmp;
     }
     free(tmp);

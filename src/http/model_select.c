@@ -128,9 +128,7 @@ int dol_http_model_acquire(dol_http_req *c, dol_http_attached *a, dol_api_error 
         int idx = pick(c, m, e);
         if (idx < 0) return -1;
         c->model_idx = idx;
-        dol_model_info info;
-        dol_models_info(m, idx, &info);
-        snprintf(c->model, sizeof c->model, "%s", info.name);
+        snprintf(c->model, sizeof c->model, "%s", dol_models_name(m, idx));
     }
     double timeout_ms = c->srv->cfg->request_timeout_s * 1000.0;
     double deadline = timeout_ms > 0 ? c->t0_ms + timeout_ms : 0;

@@ -689,6 +689,8 @@ int dol_models_find(const dol_models *m, const char *id)
     return -1;
 }
 
+const char *dol_models_name(const dol_models *m, int idx) { return m->e[idx].cfg->name; }
+
 void dol_models_names(const dol_models *m, char *buf, size_t n)
 {
     size_t o = 0;
