@@ -953,7 +953,7 @@ static void test_models_bad(void **state)
         {"models:\n  - name: a\n    path: /p\n    path: /q\n", "field models[0] 'a'.path: set twice"},
         {"models: /p\n", "field models: expected a list of entries"},
         {"models:\n  - /p\n", "field models[0]: expected a mapping"},
-        {"model: /p\nmodels:\n  - path: /q\n", "field model (--model): not together with a models list"},
+        {"model: /p\nmodels:\n  - path: /q\n", ".yaml: field model (--model): not together with a models list"},
         {"served_model_name: x\nmodels:\n  - path: /q\n", "field served_model_name: not together"},
         {"max_loaded_models: 1\nmodels:\n  - {path: /a, pinned: true}\n  - {path: /b, pinned: true}\n",
          "field max_loaded_models: 1, fewer than the 2 pinned models"},
