@@ -11,8 +11,8 @@ chunk, malformed bodies (4xx with an OpenAI-shaped error) and bodies larger
 than max_body_bytes (413). Then it checks that every valid request was
 answered correctly, the server never crashed, every KV-cache block went back
 to the pool (/healthz kv_cache.blocks_used == 0) and resident memory (VmRSS)
-(and its anonymous part, RssAnon) grew less than 5 % between the end of a warm-up phase and the end of the
-run. Prints a summary; exits 1 on any failure, 0 when all holds (also when
+(and its anonymous part, RssAnon) grew less than 5 % (or less than 4 MiB) between the end of a
+warm-up phase and the end of the run. Prints a summary; exits 1 on any failure, 0 when all holds (also when
 the fixtures are absent: it says it skipped).
 
     .venv/bin/python tests/soak/soak.py [--bin build/dolphind] [--requests 2000]
@@ -260,6 +260,10 @@ def main():
                     help="dolphind --backend (cpu: F32, so batching never changes a greedy "
                          "result; with FP16 on a GPU it may)")
     ap.add_argument("--max-rss-growth", type=float, default=5.0, help="percent")
+    ap.add_argument("--min-rss-growth-mib", type=float, default=4.0,
+                    help="growth below this many MiB is never judged a leak (dolphind maps its "
+                         "large buffers, so its resident base can be a few MiB, where malloc's "
+                         "own bookkeeping moves by more than 5 %%)")
     ap.add_argument("--no-rss-check", action="store_true",
                     help="report memory but do not judge it (sanitizer builds, whose "
                          "quarantine keeps freed memory resident)")
@@ -357,15 +361,17 @@ def main():
         print(f"soak: VmRSS after warm-up {rss_warm[0] / 1024:.1f} MiB, at the end "
               f"{rss_end[0] / 1024:.1f} MiB ({growth:+.2f} %); RssAnon "
               f"{rss_warm[1] / 1024:.1f} -> {rss_end[1] / 1024:.1f} MiB ({anon_growth:+.2f} %); "
-              + ("not judged" if a.no_rss_check else f"limit {a.max_rss_growth:g} % each"))
+              + ("not judged" if a.no_rss_check else
+                 f"limit {a.max_rss_growth:g} % and {a.min_rss_growth_mib:g} MiB each"))
         if errors:
             problems.append(f"{errors} requests failed")
         if total < a.requests:
             problems.append(f"only {total} of {a.requests} requests were sent")
         if not a.no_rss_check:
-            if growth >= a.max_rss_growth:
+            grew = (rss_end[0] - rss_warm[0]) / 1024, (rss_end[1] - rss_warm[1]) / 1024
+            if growth >= a.max_rss_growth and grew[0] >= a.min_rss_growth_mib:
                 problems.append(f"resident memory (VmRSS) grew {growth:.2f} % after warm-up")
-            if anon_growth >= a.max_rss_growth:
+            if anon_growth >= a.max_rss_growth and grew[1] >= a.min_rss_growth_mib:
                 problems.append(f"anonymous memory (RssAnon) grew {anon_growth:.2f} % "
                                 "after warm-up")
     except (Failure, AssertionError, OSError, ValueError, KeyError) as e:
