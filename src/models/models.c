@@ -595,7 +595,9 @@ static int start_load(dol_models *m, int i)
         e->retry_at_ms = dol_now_ms() + NO_ROOM_RETRY_S * 1000.0;
         return -1;
     }
-    dol_log(DOL_LOG_INFO, "model_loading", "model=%s path=%s", e->cfg->name, e->cfg->path);
+    /* on demand: the request waits from here (start-up says "listening" first) */
+    dol_log(e->startup && e->loads == 0 ? DOL_LOG_DEBUG : DOL_LOG_INFO, "model_loading",
+            "model=%s path=%s", e->cfg->name, e->cfg->path);
     return 0;
 }
 
