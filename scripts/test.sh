@@ -7,8 +7,9 @@
 # DOLPHIN_FUZZ_SECONDS each, default 45 here), the fault tests of three
 # Release replicas behind a real nginx (tests/cluster: rolling restart,
 # kill -9, SIGSTOP, overload; each prints its counts), the soak test
-# (tests/soak: 20,000 requests against the Release build, then a short run
-# against the sanitizer build),
+# (tests/soak: 20,000 requests against the Release build, a short run
+# against the sanitizer build, then three models with loads and unloads
+# under the load),
 # and the CUDA backend under the CUDA emulation (scripts/ci-cuda-emu.sh:
 # kernels, engine and HTTP tests on the CPU, both thread orders, the mutation
 # check), and the GPU verification kit rehearsed under that emulation
@@ -51,6 +52,9 @@ echo "== soak test (tests/soak/soak.py: build/dolphind, then build-asan/dolphind
 "$PY" tests/soak/soak.py --bin "$PWD/build/dolphind" --requests 20000 --warmup 1000 \
   --max-rss-growth 3 --time-limit 600
 "$PY" tests/soak/soak.py --bin "$PWD/build-asan/dolphind" --no-rss-check
+echo "== soak test over three models, two loaded at most (tests/soak/soak.py --models)"
+"$PY" tests/soak/soak.py --bin "$PWD/build/dolphind" --models --requests 300 --warmup 60 --concurrency 8 \
+  --min-rss-growth-mib 4
 echo "== CUDA backend on the CPU (DOLPHIN_CUDA=EMU, ASan + UBSan: scripts/ci-cuda-emu.sh)"
 bash scripts/ci-cuda-emu.sh
 echo "== GPU kit rehearsal (scripts/gpu-kit rehearse: the kit's run.sh against a Release build of the CUDA emulation, one injected failure)"

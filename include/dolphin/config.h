@@ -27,6 +27,30 @@ typedef struct {
     int priority;
 } dol_api_key;
 
+/* One entry of the models list (docs/configuration.md, "Several models"):
+ * what to load and how. The placement and format keys left out of an
+ * entry take the top-level setting of the same name (set_mask says which
+ * the entry sets itself); a new per-model key is one more member here and
+ * one more row in config.c's MODEL_FIELDS. */
+#define DOL_MAX_MODELS 16
+#define DOL_MAX_ALIASES 8
+#define DOL_MODEL_NAME_LEN 256
+typedef struct {
+    char name[DOL_MODEL_NAME_LEN];   /* id in the API; default: the path's last part */
+    char path[1024];                 /* model directory (required) */
+    char aliases[DOL_MAX_ALIASES][DOL_MODEL_NAME_LEN]; /* other ids that pick it */
+    int n_aliases;
+    bool pinned;                     /* loaded at start-up, never unloaded */
+    /* format and placement (inherited from the top level when not set) */
+    dol_weight_format weights;
+    bool quantize_lm_head;
+    dol_backend_kind backend;
+    double gpu_memory_utilization;
+    int context_len;
+    unsigned set_mask;               /* bit i: MODEL_FIELDS[i] set by the entry */
+    bool implicit;                   /* made from the single model: / --model */
+} dol_model_entry;
+
 typedef struct {
     /* server */
     char host[128];              /* default "127.0.0.1" */
@@ -45,8 +69,18 @@ typedef struct {
     int max_stop_len;            /* default 512 bytes per stop string */
     int max_logit_bias;          /* default 300 entries (<= DOL_MAX_LOGIT_BIAS) */
     int max_grammar_states;      /* default 20000 automaton states per response_format schema */
-    char model[1024];            /* model directory; default "" (required) */
+    char model[1024];            /* model directory; default "" (the single-model form) */
     char served_model_name[256]; /* model id in the API; "" = dir basename */
+    /* several models: the list (a single model: or --model becomes a
+     * one-entry list with implicit set), at most max_loaded_models loaded
+     * at once, and optionally at most memory_budget_bytes of weights + KV
+     * cache (host and device) */
+    dol_model_entry models[DOL_MAX_MODELS];
+    int n_models;
+    int max_loaded_models;       /* default 3 */
+    int64_t memory_budget_bytes; /* default 0 = no budget */
+    double load_timeout_s;       /* default 300: a load (waiting for room included) */
+    double load_retry_s;         /* default 10: back-off after a failed load (doubles) */
     int threads;                 /* compute threads; 0 = all online cores */
     dol_backend_kind backend;    /* auto | cpu | cuda (default auto) */
     double gpu_memory_utilization; /* CUDA: share of device memory for weights,
@@ -86,7 +120,9 @@ typedef struct {
 /* Fill with the defaults above. */
 void dol_config_defaults(dol_config *c);
 
-/* Merge a YAML file into c. Unknown keys, wrong types and out-of-range values
+/* Merge a YAML file into c.  A `models:` list replaces the list in c; its
+ * errors name the entry and the field: "<path>:<line>: field
+ * models[1].aliases: ...".  Unknown keys, wrong types and out-of-range values
  * are errors: -1 and one line "<path>:<line>: field <key>: <problem>".
  * All or nothing: on error c is left unchanged. An api_keys list in the file
  * replaces the keys already in c. An empty file changes nothing. */

@@ -39,6 +39,9 @@ dol_metrics *dol_metrics_default(void);
  * generation, no token, fewer than two tokens per sequence). */
 typedef struct {
     const char *route;       /* route label, e.g. "/v1/completions", "unknown" */
+    const char *model;       /* the model it asked for (a configured name), or
+                                NULL / "" for routes without one: the `model`
+                                label of its series */
     int status;              /* HTTP status; 499 when the client left first */
     double duration_s;       /* from the request's arrival to its completion */
     int prompt_tokens;       /* prompt tokens of the generation it asked for */
@@ -50,8 +53,30 @@ typedef struct {
 
 void dol_metrics_observe(dol_metrics *m, const dol_metrics_request *r);
 
-/* Point-in-time values for one scrape. */
+/* One configured model at scrape time: its scheduler's figures (when
+ * loaded) and its load / unload counters. Rendered with a `model` label. */
 typedef struct {
+    const char *name;
+    bool loaded;             /* the scheduler figures below hold */
+    int waiting;             /* requests waiting for its load */
+    int queue_depth, running_requests, running_seqs;
+    int kv_blocks_used, kv_blocks_total, kv_block_size, kv_blocks_cached;
+    uint64_t prefix_cache_query_tokens, prefix_cache_hit_tokens;
+    size_t device_memory_used, device_memory_total, weight_bytes;
+    uint64_t steps;
+    double heartbeat_age_s;
+    uint64_t loads, load_failures, unloads;
+    double load_seconds_total, last_load_s;
+} dol_metrics_model;
+
+/* Point-in-time values for one scrape. With n_models > 0 the per-model
+ * gauges (queue, batch, KV cache, memory, weights, steps, heartbeat) come
+ * from models[] with a `model` label, one sample per loaded model, and the
+ * same fields below are not used; with none they come from below,
+ * unlabelled. */
+typedef struct {
+    const dol_metrics_model *models;
+    int n_models;
     const char *version;     /* build info labels */
     const char *backend;     /* "cpu" | "cuda" | "" while loading */
     const char *model;       /* served model name, "" while loading */

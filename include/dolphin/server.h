@@ -3,8 +3,8 @@
  * readiness state. One internal polling thread; no thread per connection.
  *
  * Life cycle: dol_server_start binds and serves at once (so /healthz answers
- * 503 "loading" while the model loads); dol_server_attach hands it the model,
- * tokenizer and scheduler; dol_server_set_state moves it through
+ * 503 "loading" while the model loads); dol_server_attach hands it the
+ * registry of the models it serves; dol_server_set_state moves it through
  * LOADING -> WARMING -> READY -> DRAINING; dol_server_stop closes it.
  */
 #ifndef DOLPHIN_SERVER_H
@@ -13,6 +13,7 @@
 #include "dolphin/common.h"
 #include "dolphin/config.h"
 #include "dolphin/model.h"
+#include "dolphin/models.h"
 #include "dolphin/scheduler.h"
 #include "dolphin/tokenizer.h"
 
@@ -34,10 +35,11 @@ typedef struct dol_server dol_server;
  * use"). */
 int dol_server_start(const dol_config *cfg, dol_server **out,
                      char *err, size_t errlen);
-/* Give the server what it needs to answer model requests. Call once, before
- * moving to WARMING/READY. The objects must outlive the server. */
-void dol_server_attach(dol_server *s, const dol_model *model,
-                       const dol_tokenizer *tok, dol_scheduler *sched);
+/* Give the server the models it serves (requests pick one by name or
+ * alias). Call once, before moving to WARMING/READY; the registry must
+ * outlive the server (dol_models_stop may come first: its requests then
+ * end with 503). */
+void dol_server_attach(dol_server *s, dol_models *models);
 /* Move to state st (main thread). DRAINING also stops listening at once
  * (new connections are refused) and from then on answers each new API
  * request on a kept-alive connection with 503 + "Connection: close" before

@@ -28,13 +28,16 @@ typedef enum {
     F_DOUBLE, /* double */
     F_BOOL,   /* bool: --name / --no-name */
     F_KEYS,   /* api_keys: YAML sequence of {key, priority}; flag KEY[:PRIO] */
+    F_MODELS, /* models: YAML sequence of entries (MODEL_FIELDS); no flag */
+    F_ALIASES,/* an entry's aliases: a name or a sequence of names */
 } field_type;
 
 typedef struct {
     const char *name;    /* YAML key; the flag is --name with '_' -> '-' */
     const char *flag;    /* flag name when it differs from the key */
     field_type type;
-    size_t off, size;    /* place of the member in dol_config */
+    size_t off, size;    /* place of the member in dol_config (MODEL_FIELDS:
+                            in dol_model_entry) */
     double min, max;     /* numeric range, inclusive (max HUGE_VAL = none) */
     bool min_open;       /* the range excludes min: (min, max] */
     bool bytes;          /* integer that accepts size suffixes (KiB, MiB…) */
@@ -103,6 +106,26 @@ static const field FIELDS[] = {
       .group = "Model" },
     { .name = "served_model_name", .type = F_STR, AT(served_model_name), .def = "",
       .metavar = "NAME", .help = "model id in the API; empty = the model directory's name" },
+    { .name = "models", .type = F_MODELS, .def = "", .metavar = "LIST",
+      .help = "several models (config file only): a list of {name, path, aliases, pinned, "
+              "weights, quantize_lm_head, backend, gpu_memory_utilization, context_len}; "
+              "see docs/configuration.md" },
+    { .name = "max_loaded_models", .type = F_INT, AT(max_loaded_models), .min = 1,
+      .max = DOL_MAX_MODELS, .def = "3", .metavar = "N",
+      .help = "most models loaded at once; the least recently used idle one is unloaded "
+              "to make room" },
+    { .name = "memory_budget_bytes", .type = F_I64, AT(memory_budget_bytes), .min = 0,
+      .max = NONE, .bytes = true, .def = "0", .metavar = "SIZE",
+      .help = "most weight + KV-cache bytes (host and device) of the loaded models; "
+              "0 = no budget" },
+    { .name = "load_timeout_s", .type = F_DOUBLE, AT(load_timeout_s), .min = 0, .max = NONE,
+      .min_open = true, .def = "300", .metavar = "S",
+      .help = "how long loading a model (waiting for room included) may take before its "
+              "requests get 503" },
+    { .name = "load_retry_s", .type = F_DOUBLE, AT(load_retry_s), .min = 0, .max = NONE,
+      .def = "10", .metavar = "S",
+      .help = "after a failed load, requests get 503 for this long before a new try "
+              "(doubling per failure, at most 10 minutes)" },
     { .name = "threads", .type = F_INT, AT(threads), .min = 0, .max = 1024, .def = "0",
       .metavar = "N", .help = "CPU compute threads; 0 = every online core" },
     { .name = "backend", .type = F_ENUM, AT(backend), .choices = CHOICES("auto", "cpu", "cuda"),
@@ -180,6 +203,33 @@ static const field FIELDS[] = {
 };
 
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
+
+/* The keys of one models: entry. Those with `inherit` take the top-level
+ * setting of the same name (at `top`) when the entry leaves them out. */
+#define MAT(m) .off = offsetof(dol_model_entry, m), .size = sizeof(((dol_model_entry *)0)->m)
+static const field MODEL_FIELDS[] = {
+    { .name = "name", .type = F_STR, MAT(name), .min = 1, .def = "" },
+    { .name = "path", .type = F_STR, MAT(path), .min = 1, .def = "" },
+    { .name = "aliases", .type = F_ALIASES, .def = "" },
+    { .name = "pinned", .type = F_BOOL, MAT(pinned), .def = "false" },
+    { .name = "weights", .type = F_ENUM, MAT(weights),
+      .choices = CHOICES("auto", "f32", "f16", "nf4"), .def = "auto" },
+    { .name = "quantize_lm_head", .type = F_BOOL, MAT(quantize_lm_head), .def = "true" },
+    { .name = "backend", .type = F_ENUM, MAT(backend), .choices = CHOICES("auto", "cpu", "cuda"),
+      .def = "auto" },
+    { .name = "gpu_memory_utilization", .type = F_DOUBLE, MAT(gpu_memory_utilization),
+      .min = 0, .max = 1, .min_open = true, .def = "0.90" },
+    { .name = "context_len", .type = F_INT, MAT(context_len), .min = 0, .max = NONE, .def = "0" },
+};
+#define N_MODEL_FIELDS (sizeof MODEL_FIELDS / sizeof MODEL_FIELDS[0])
+/* The inherited keys: entry field -> the dol_config member it defaults to. */
+static const struct { const char *name; size_t top; } INHERITED[] = {
+    { "weights", offsetof(dol_config, weights) },
+    { "quantize_lm_head", offsetof(dol_config, quantize_lm_head) },
+    { "backend", offsetof(dol_config, backend) },
+    { "gpu_memory_utilization", offsetof(dol_config, gpu_memory_utilization) },
+    { "context_len", offsetof(dol_config, context_len) },
+};
 
 /* F_ENUM fields hold an int; their `choices` list the enum's values in order. */
 _Static_assert(sizeof(dol_backend_kind) == sizeof(int) && sizeof(dol_weight_format) == sizeof(int) &&
@@ -343,9 +393,10 @@ static int add_api_key(dol_config *c, const char *key, size_t len, int prio,
 
 /* Set field f of c from text. On failure writes the problem (without the
  * field name) into prob and returns -1. F_KEYS appends one "KEY[:PRIO]". */
-static int set_field(dol_config *c, const field *f, const char *val, char *prob, size_t plen)
+static int set_field(void *base, const field *f, const char *val, char *prob, size_t plen)
 {
-    char *dst = (char *)c + f->off;
+    dol_config *c = base;   /* F_KEYS only: the other types write at base + off */
+    char *dst = (char *)base + f->off;
     char range[96];
     describe_range(f, range, sizeof range);
 
@@ -444,6 +495,10 @@ static int set_field(dol_config *c, const field *f, const char *val, char *prob,
         return add_api_key(c, val, colon ? (size_t)(colon - val) : strlen(val), (int)prio,
                            prob, plen);
     }
+    case F_MODELS:
+    case F_ALIASES:
+        dol_set_err(prob, plen, "a list: set it in the config file (docs/configuration.md)");
+        return -1;
     }
     return -1;
 }
@@ -454,7 +509,7 @@ void dol_config_defaults(dol_config *c)
 {
     memset(c, 0, sizeof *c);
     for (size_t i = 0; i < N_FIELDS; i++) {
-        if (FIELDS[i].type == F_KEYS) continue; /* no keys = open */
+        if (FIELDS[i].type == F_KEYS || FIELDS[i].type == F_MODELS) continue; /* none */
         char prob[DOL_ERR_LEN];
         if (set_field(c, &FIELDS[i], FIELDS[i].def, prob, sizeof prob) < 0) {
             fprintf(stderr, "dolphin: bad built-in default for %s: %s\n", FIELDS[i].name, prob);
@@ -565,6 +620,250 @@ static int load_api_keys(dol_config *c, yaml_document_t *doc, yaml_node_t *val,
     return 0;
 }
 
+/* The last part of a directory path ("a/b/" -> "b"), into out. */
+static void path_basename(const char *path, char *out, size_t n)
+{
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') len--;
+    size_t start = len;
+    while (start > 0 && path[start - 1] != '/') start--;
+    snprintf(out, n, "%.*s", (int)(len - start), path + start);
+}
+
+/* "models[1] 'chat'" or "models[1]": how an error names an entry. */
+static const char *entry_label(const dol_model_entry *e, int idx, char *buf, size_t n)
+{
+    if (e->name[0]) snprintf(buf, n, "models[%d] '%s'", idx, e->name);
+    else snprintf(buf, n, "models[%d]", idx);
+    return buf;
+}
+
+/* Which entry (other than `self`) already answers to `id`, as name or alias. */
+static const dol_model_entry *id_taken(const dol_model_entry *list, int n, int self,
+                                       const char *id, int *who)
+{
+    for (int i = 0; i < n; i++) {
+        if (i == self) continue;
+        bool hit = strcmp(list[i].name, id) == 0;
+        for (int a = 0; !hit && a < list[i].n_aliases; a++)
+            hit = strcmp(list[i].aliases[a], id) == 0;
+        if (hit) {
+            *who = i;
+            return &list[i];
+        }
+    }
+    return NULL;
+}
+
+/* An entry's aliases: one name or a sequence of names. */
+static int load_aliases(dol_model_entry *e, yaml_document_t *doc, yaml_node_t *v,
+                        const char *path, const char *label, char *err, size_t errlen)
+{
+    e->n_aliases = 0;
+    if (is_null(v)) return 0;
+    yaml_node_item_t one = 0, *start, *top;
+    if (v->type == YAML_SCALAR_NODE) {
+        start = &one;
+        top = &one + 1;
+    } else if (v->type == YAML_SEQUENCE_NODE) {
+        start = v->data.sequence.items.start;
+        top = v->data.sequence.items.top;
+    } else {
+        dol_set_err(err, errlen, "%s:%zu: field %s.aliases: expected a name or a list of "
+                    "names, got %s", path, line_of(v), label, node_kind(v));
+        return -1;
+    }
+    for (yaml_node_item_t *it = start; it < top; it++) {
+        yaml_node_t *a = v->type == YAML_SCALAR_NODE ? v : yaml_document_get_node(doc, *it);
+        const char *s = a->type == YAML_SCALAR_NODE ? (const char *)a->data.scalar.value : "";
+        if (a->type != YAML_SCALAR_NODE || has_nul(a) || is_null(a) || !*s) {
+            dol_set_err(err, errlen, "%s:%zu: field %s.aliases: each alias must be a "
+                        "non-empty name", path, line_of(a), label);
+            return -1;
+        }
+        if (strlen(s) >= sizeof e->aliases[0]) {
+            dol_set_err(err, errlen, "%s:%zu: field %s.aliases: too long: %zu bytes (max %zu)",
+                        path, line_of(a), label, strlen(s), sizeof e->aliases[0] - 1);
+            return -1;
+        }
+        if (e->n_aliases == DOL_MAX_ALIASES) {
+            dol_set_err(err, errlen, "%s:%zu: field %s.aliases: too many (max %d)", path,
+                        line_of(a), label, DOL_MAX_ALIASES);
+            return -1;
+        }
+        snprintf(e->aliases[e->n_aliases++], sizeof e->aliases[0], "%s", s);
+    }
+    return 0;
+}
+
+/* models: [ {name, path, aliases, pinned, weights, ...}, ... ] — replaces
+ * the list. Names and aliases are unique across the list. */
+static int load_models(dol_config *c, yaml_document_t *doc, yaml_node_t *val,
+                       const char *path, char *err, size_t errlen)
+{
+    c->n_models = 0;
+    if (is_null(val)) return 0;
+    if (val->type != YAML_SEQUENCE_NODE) {
+        dol_set_err(err, errlen, "%s:%zu: field models: expected a list of entries "
+                    "({name, path, ...}), got %s", path, line_of(val), node_kind(val));
+        return -1;
+    }
+    int idx = 0;
+    for (yaml_node_item_t *it = val->data.sequence.items.start;
+         it < val->data.sequence.items.top; it++, idx++) {
+        yaml_node_t *ent = yaml_document_get_node(doc, *it);
+        char label[DOL_MODEL_NAME_LEN + 32];
+        snprintf(label, sizeof label, "models[%d]", idx);
+        if (ent->type != YAML_MAPPING_NODE) {
+            dol_set_err(err, errlen, "%s:%zu: field %s: expected a mapping {name: ..., path: "
+                        "...}, got %s", path, line_of(ent), label, node_kind(ent));
+            return -1;
+        }
+        if (idx >= DOL_MAX_MODELS) {
+            dol_set_err(err, errlen, "%s:%zu: field models: too many entries (max %d)", path,
+                        line_of(ent), DOL_MAX_MODELS);
+            return -1;
+        }
+        dol_model_entry *e = &c->models[idx];
+        memset(e, 0, sizeof *e);
+        for (size_t i = 0; i < N_MODEL_FIELDS; i++) {
+            char prob[DOL_ERR_LEN];
+            if (MODEL_FIELDS[i].type != F_ALIASES && MODEL_FIELDS[i].type != F_STR &&
+                set_field(e, &MODEL_FIELDS[i], MODEL_FIELDS[i].def, prob, sizeof prob) < 0)
+                abort();   /* a bad built-in default */
+        }
+        /* the name first, so that every later message can say it */
+        for (yaml_node_pair_t *p = ent->data.mapping.pairs.start;
+             p < ent->data.mapping.pairs.top; p++) {
+            yaml_node_t *k = yaml_document_get_node(doc, p->key);
+            yaml_node_t *v = yaml_document_get_node(doc, p->value);
+            if (k->type == YAML_SCALAR_NODE && strcmp((const char *)k->data.scalar.value, "name") == 0 &&
+                v->type == YAML_SCALAR_NODE && !has_nul(v) &&
+                strlen((const char *)v->data.scalar.value) < sizeof e->name)
+                snprintf(label, sizeof label, "models[%d] '%s'", idx,
+                         (const char *)v->data.scalar.value);
+        }
+        for (yaml_node_pair_t *p = ent->data.mapping.pairs.start;
+             p < ent->data.mapping.pairs.top; p++) {
+            yaml_node_t *k = yaml_document_get_node(doc, p->key);
+            yaml_node_t *v = yaml_document_get_node(doc, p->value);
+            const char *kname = k->type == YAML_SCALAR_NODE && !has_nul(k)
+                                    ? (const char *)k->data.scalar.value : "?";
+            size_t fi = 0;
+            while (fi < N_MODEL_FIELDS && strcmp(MODEL_FIELDS[fi].name, kname) != 0) fi++;
+            if (fi == N_MODEL_FIELDS) {
+                char keys[400];
+                size_t o = 0;
+                for (size_t i = 0; i < N_MODEL_FIELDS && o < sizeof keys; i++)
+                    o += (size_t)snprintf(keys + o, sizeof keys - o, "%s%s", i ? ", " : "",
+                                          MODEL_FIELDS[i].name);
+                dol_set_err(err, errlen, "%s:%zu: field %s.%s: unknown key (want %s)", path,
+                            line_of(k), label, kname, keys);
+                return -1;
+            }
+            const field *f = &MODEL_FIELDS[fi];
+            if (e->set_mask & (1u << fi)) {
+                dol_set_err(err, errlen, "%s:%zu: field %s.%s: set twice", path, line_of(k),
+                            label, kname);
+                return -1;
+            }
+            e->set_mask |= 1u << fi;
+            if (f->type == F_ALIASES) {
+                if (load_aliases(e, doc, v, path, label, err, errlen) < 0) return -1;
+                continue;
+            }
+            if (v->type != YAML_SCALAR_NODE || has_nul(v) || (is_null(v) && f->type != F_STR)) {
+                dol_set_err(err, errlen, "%s:%zu: field %s.%s: expected a single value", path,
+                            line_of(v), label, kname);
+                return -1;
+            }
+            char prob[DOL_ERR_LEN];
+            const char *s = is_null(v) ? "" : (const char *)v->data.scalar.value;
+            if (set_field(e, f, s, prob, sizeof prob) < 0) {
+                dol_set_err(err, errlen, "%s:%zu: field %s.%s: %s", path, line_of(v), label,
+                            kname, prob);
+                return -1;
+            }
+        }
+        if (!e->path[0]) {
+            dol_set_err(err, errlen, "%s:%zu: field %s.path: missing (the model directory)",
+                        path, line_of(ent), label);
+            return -1;
+        }
+        if (!e->name[0]) path_basename(e->path, e->name, sizeof e->name);
+        entry_label(e, idx, label, sizeof label);
+        int who;
+        if (id_taken(c->models, idx, -1, e->name, &who)) {
+            char other[DOL_MODEL_NAME_LEN + 32];
+            dol_set_err(err, errlen, "%s:%zu: field %s.name: '%s' is already taken by %s", path,
+                        line_of(ent), label, e->name,
+                        entry_label(&c->models[who], who, other, sizeof other));
+            return -1;
+        }
+        for (int a = 0; a < e->n_aliases; a++) {
+            bool twice = strcmp(e->aliases[a], e->name) == 0;
+            for (int b = 0; b < a; b++) twice = twice || strcmp(e->aliases[a], e->aliases[b]) == 0;
+            if (twice || id_taken(c->models, idx, -1, e->aliases[a], &who)) {
+                char other[DOL_MODEL_NAME_LEN + 32];
+                dol_set_err(err, errlen, "%s:%zu: field %s.aliases: '%s' is already taken by %s",
+                            path, line_of(ent), label, e->aliases[a],
+                            twice ? label : entry_label(&c->models[who], who, other, sizeof other));
+                return -1;
+            }
+        }
+        c->n_models = idx + 1;
+    }
+    return 0;
+}
+
+/* After the file and after the flags: the single model: (or --model) as a
+ * one-entry list, and every key an entry leaves out taken from the top
+ * level. Idempotent. -1 with err when the two forms are mixed. */
+static int finalize_models(dol_config *c, char *err, size_t errlen)
+{
+    bool explicit_list = c->n_models > 0 && !c->models[0].implicit;
+    if (explicit_list) {
+        if (c->model[0]) {
+            dol_set_err(err, errlen, "field model (--model): not together with a models list; "
+                        "add the directory as an entry of models");
+            return -1;
+        }
+        if (c->served_model_name[0]) {
+            dol_set_err(err, errlen, "field served_model_name: not together with a models "
+                        "list; each entry has its own name");
+            return -1;
+        }
+    } else if (c->model[0]) {
+        dol_model_entry *e = &c->models[0];
+        memset(e, 0, sizeof *e);
+        e->implicit = true;
+        snprintf(e->path, sizeof e->path, "%s", c->model);
+        if (c->served_model_name[0]) snprintf(e->name, sizeof e->name, "%s", c->served_model_name);
+        else path_basename(c->model, e->name, sizeof e->name);
+        c->n_models = 1;
+    } else {
+        c->n_models = 0;
+    }
+    for (int i = 0; i < c->n_models; i++) {
+        dol_model_entry *e = &c->models[i];
+        for (size_t k = 0; k < sizeof INHERITED / sizeof INHERITED[0]; k++) {
+            size_t fi = 0;
+            while (strcmp(MODEL_FIELDS[fi].name, INHERITED[k].name) != 0) fi++;
+            if (e->set_mask & (1u << fi)) continue;
+            memcpy((char *)e + MODEL_FIELDS[fi].off, (const char *)c + INHERITED[k].top,
+                   MODEL_FIELDS[fi].size);
+        }
+    }
+    int pinned = 0;
+    for (int i = 0; i < c->n_models; i++) pinned += c->models[i].pinned;
+    if (pinned > c->max_loaded_models) {
+        dol_set_err(err, errlen, "field max_loaded_models: %d, fewer than the %d pinned models "
+                    "(pinned models stay loaded)", c->max_loaded_models, pinned);
+        return -1;
+    }
+    return 0;
+}
+
 /* Apply the root mapping of doc to c. */
 static int apply_document(dol_config *c, yaml_document_t *doc, const char *path,
                           char *err, size_t errlen)
@@ -616,6 +915,10 @@ static int apply_document(dol_config *c, yaml_document_t *doc, const char *path,
 
         if (f->type == F_KEYS) {
             if (load_api_keys(c, doc, v, path, err, errlen) < 0) return -1;
+            continue;
+        }
+        if (f->type == F_MODELS) {
+            if (load_models(c, doc, v, path, err, errlen) < 0) return -1;
             continue;
         }
         if (v->type != YAML_SCALAR_NODE) {
@@ -699,6 +1002,11 @@ int dol_config_load_yaml(dol_config *c, const char *path, char *err, size_t errl
                 }
                 yaml_document_delete(&doc);
             }
+        }
+        if (rc == 0) {
+            char prob[DOL_ERR_LEN];
+            rc = finalize_models(tmp, prob, sizeof prob);
+            if (rc) dol_set_err(err, errlen, "%s: %s", path, prob);
         }
         if (rc == 0) *c = *tmp;
     }
@@ -804,7 +1112,7 @@ int dol_config_from_args(dol_config *c, int argc, char **argv, char *err, size_t
             return -1;
         }
     }
-    return 0;
+    return finalize_models(c, err, errlen);
 }
 
 /* ----------------------------------------------------------------- help */
@@ -868,7 +1176,9 @@ void dol_config_print_help(void *fp, const char *argv0)
 
         char fbuf[64], left[160], list[96];
         const char *fl = flag_name(fd, fbuf, sizeof fbuf);
-        if (fd->type == F_BOOL)
+        if (fd->type == F_MODELS)
+            snprintf(left, sizeof left, "%s: (file only)", fd->name);
+        else if (fd->type == F_BOOL)
             snprintf(left, sizeof left, "--%s, --no-%s", fl, fl);
         else
             snprintf(left, sizeof left, "--%s %s", fl,
@@ -888,7 +1198,8 @@ void dol_config_print_help(void *fp, const char *argv0)
             break;
         }
         snprintf(tail, sizeof tail, "[%sdefault %s]", range,
-                 fd->type == F_KEYS ? "none" : *fd->def ? fd->def : "\"\"");
+                 fd->type == F_KEYS || fd->type == F_MODELS ? "none"
+                 : *fd->def ? fd->def : "\"\"");
         help_line(f, left, fd->help, tail);
     }
 }

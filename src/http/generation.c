@@ -472,8 +472,6 @@ int dol_http_gen_begin(dol_http_req *c, bool chat, dol_http_attached *a, dol_api
     }
     c->gen->chat = chat;
     c->gen->logprobs = -1;
-    if (dol_http_not_ready(c, e)) return -1;
-    dol_http_attached_get(c->srv, a);
     if (!a->model || !a->tok || !a->has_sched) {
         dol_api_error_set(e, 503, "service_unavailable", NULL, "model_loading",
                           "The model is not loaded yet.");
@@ -522,11 +520,14 @@ void dol_http_api_limits(const dol_http_req *c, const dol_http_attached *a,
     lim->max_grammar_states = cfg->max_grammar_states;
 }
 
-int dol_http_check_model(const char *model, const dol_http_attached *a, dol_api_error *e)
+int dol_http_check_model(dol_http_req *c, const char *model, const dol_http_attached *a,
+                         dol_api_error *e)
 {
-    if (!model || strcmp(model, a->name) == 0) return 0;
+    dol_models *m = dol_http_models_of(c->srv);
+    if (!model || strcmp(model, a->name) == 0 || (m && dol_models_find(m, model) == a->model_idx))
+        return 0;
     dol_api_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
-                      "The model '%.200s' does not exist; this server serves '%s'.",
+                      "The model '%.200s' does not exist; this request was given '%s'.",
                       model, a->name);
     return -1;
 }
@@ -547,7 +548,7 @@ int dol_http_gen_prepare(dol_http_req *c, const dol_http_attached *a,
                          const dol_completion_params *p, int n_reqs, dol_api_error *e)
 {
     const dol_config *cfg = c->srv->cfg;
-    if (dol_http_check_model(p->model, a, e)) return -1;
+    if (dol_http_check_model(c, p->model, a, e)) return -1;
     if (cfg->max_batch_size > 0 && p->n > cfg->max_batch_size) {
         dol_api_error_invalid(e, "n", "'n' is %d but this server runs at most %d sequences "
                               "at once (max_batch_size).", p->n, cfg->max_batch_size);
@@ -574,6 +575,13 @@ int dol_http_gen_add(dol_http_req *c, const dol_http_attached *a,
 {
     dol_api_limits lim;
     dol_http_api_limits(c, a, &lim);
+    /* request_timeout_s counts from arrival: a wait for the model's load
+     * has used part of it */
+    double timeout_ms = 0;
+    if (c->srv->cfg->request_timeout_s > 0) {
+        timeout_ms = c->srv->cfg->request_timeout_s * 1000.0 - (dol_now_ms() - c->t0_ms);
+        if (timeout_ms < 1) timeout_ms = 1;
+    }
     if (dol_api_check_prompt_tokens(n_ids, &lim, c->gen->chat ? "messages" : "prompt", e) ||
         dol_api_check_context(n_ids, p->max_tokens, a->context_len, e)) {
         free(ids);
@@ -587,8 +595,7 @@ int dol_http_gen_add(dol_http_req *c, const dol_http_attached *a,
         .echo_logprobs = c->gen->echo && p->logprobs >= 0, .ignore_eos = p->ignore_eos,
         .grammar = p->grammar,
         .priority = request_priority(c),
-        .timeout_ms = c->srv->cfg->request_timeout_s > 0 ? c->srv->cfg->request_timeout_s * 1000.0
-                                                         : 0,
+        .timeout_ms = timeout_ms,
         .id = c->id, .on_event = dol_http_on_event, .user = (void *)(uintptr_t)c->handle,
     };
     for (int i = 0; i < p->n_stop; i++) rp.stop[i] = p->stop[i];
@@ -626,7 +633,8 @@ enum MHD_Result dol_http_gen_submit(dol_http_req *c)
     c->body_len = c->body_cap = 0;
     for (int i = 0; i < c->gen->n_reqs; i++) {
         char err[DOL_ERR_LEN] = "";
-        dol_submit_result res = dol_http_sched_submit(c->srv, c->gen->reqs[i], err, sizeof err);
+        dol_submit_result res = dol_http_sched_submit(c->srv, c->model_idx, c->gen->reqs[i], err,
+                                                      sizeof err);
         if (res != DOL_SUBMIT_OK) {
             for (int j = 0; j < c->gen->n_submitted; j++) dol_request_cancel(c->gen->reqs[j]);
             dol_api_error e;

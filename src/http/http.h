@@ -13,6 +13,7 @@
 #include "api/api.h"
 #include "dolphin/config.h"
 #include "dolphin/model.h"
+#include "dolphin/models.h"
 #include "dolphin/scheduler.h"
 #include "dolphin/server.h"
 #include "dolphin/tokenizer.h"
@@ -31,10 +32,8 @@ struct dol_server {
     pthread_t watcher;
     int64_t started;             /* unix seconds, for /v1/models "created" */
 
-    pthread_mutex_t mu;          /* guards the attached objects below */
-    const dol_model *model;
-    const dol_tokenizer *tok;
-    dol_scheduler *sched;
+    pthread_mutex_t mu;          /* guards the attached registry pointer */
+    dol_models *models;          /* the models it serves (include/dolphin/models.h) */
 
     /* readiness memory watch (src/http/routes_info.c), under watch_mu */
     pthread_mutex_t watch_mu;
@@ -46,20 +45,24 @@ struct dol_server {
 /* One submitted request fewer in flight; wakes dol_server_wait_idle at 0. */
 void dol_http_inflight_done(dol_server *s);
 
-/* What the handlers use of the attached objects, read under s->mu. */
+/* What the handlers use of the model a request picked (its lease, taken
+ * by dol_http_model_acquire and held until the request completes). */
 typedef struct {
     const dol_model *model;
     const dol_tokenizer *tok;
     bool has_sched;
-    char name[256];              /* served model name */
+    char name[256];              /* the model's configured name */
     int context_len;
+    int model_idx;               /* its entry in the registry */
 } dol_http_attached;
-void dol_http_attached_get(dol_server *s, dol_http_attached *a);
-/* The scheduler is only ever called through these, under s->mu, so that
- * dol_server_attach(s, model, tok, NULL) detaches it safely before it is
- * freed. stats: false when none is attached. submit: DRAINING when none. */
-bool dol_http_sched_stats(dol_server *s, dol_scheduler_stats *st);
-dol_submit_result dol_http_sched_submit(dol_server *s, dol_request *r, char *err,
+/* The registry attached to s (NULL before dol_server_attach). */
+dol_models *dol_http_models_of(dol_server *s);
+/* A scheduler is only ever called through these, under the registry's
+ * lock (src/models/models.c), so that it can be unloaded or stopped
+ * safely. idx: the model; for stats -1 sums over every loaded model
+ * (false when none is). submit: DRAINING when the model is gone. */
+bool dol_http_sched_stats(dol_server *s, int idx, dol_scheduler_stats *st);
+dol_submit_result dol_http_sched_submit(dol_server *s, int idx, dol_request *r, char *err,
                                         size_t errlen);
 
 typedef enum {
@@ -128,6 +131,13 @@ typedef struct dol_http_req {
 
     struct dol_http_gen *gen;    /* the generation routes' state (generation.c);
                                     NULL for every other route */
+
+    /* the model the body picked (model_select.c) */
+    int model_idx;               /* -1 until picked */
+    char model[256];             /* its name, for the log line and the metrics */
+    bool leased;                 /* holds a lease on it (released at completion) */
+    bool model_wait;             /* registered as waiting for its load */
+    int retry_after_s;           /* a 503's Retry-After (0: the default, 1) */
 } dol_http_req;
 
 /* ---- registry (src/http/registry.c) ------------------------------------ */
@@ -181,6 +191,19 @@ const char *dol_http_bearer_key(struct MHD_Connection *conn);
 void dol_http_random_hex(char *buf, size_t nbytes);
 uint64_t dol_http_random_u64(void);
 
+/* ---- model selection (src/http/model_select.c) -------------------------- */
+
+/* For a route that needs a model: the not-ready 503s, the body's "model"
+ * (a name or an alias; absent: the first configured model; unknown: 404
+ * listing the names), then a lease on it. 0 with *a filled; 1 when the model
+ * is loading and the connection is suspended until it is loaded (the route
+ * is dispatched again then: return MHD_YES); -1 with e (503 with the reason
+ * and Retry-After for a failed load or no room, 504 when request_timeout_s
+ * passes while waiting). */
+int dol_http_model_acquire(dol_http_req *c, dol_http_attached *a, dol_api_error *e);
+/* At completion: the lease back, or the wait forgotten. */
+void dol_http_model_done(dol_http_req *c);
+
 /* ---- routes ------------------------------------------------------------ */
 
 /* POST /v1/completions (route_completions.c): body complete, PH_BODY. */
@@ -200,15 +223,17 @@ void dol_http_gen_cleanup(dol_http_req *c, int *prompt_tokens, int *completion_t
  * then dol_http_gen_add once per prompt (ids taken over), then
  * dol_http_gen_submit, which queues the requests and answers (whole or
  * streamed) when they are done. */
-/* Not ready / not loaded -> 503; else fills a and c's identity (id with
- * "cmpl-" or "chatcmpl-" per c->chat, created, model name). */
+/* With a from dol_http_model_acquire: c's identity (id with "cmpl-" or
+ * "chatcmpl-" per c->chat, created, model name). */
 int dol_http_gen_begin(dol_http_req *c, bool chat, dol_http_attached *a, dol_api_error *e);
 /* Content-Type check (415) and the body as one JSON object (400). */
 cJSON *dol_http_body_json(dol_http_req *c, dol_api_error *e);
 void dol_http_api_limits(const dol_http_req *c, const dol_http_attached *a,
                          dol_api_limits *lim);
-/* 404 model_not_found unless model is NULL or the served name. */
-int dol_http_check_model(const char *model, const dol_http_attached *a, dol_api_error *e);
+/* 404 model_not_found unless model is NULL or a name or alias of the model
+ * picked (it always is after dol_http_model_acquire). */
+int dol_http_check_model(dol_http_req *c, const char *model, const dol_http_attached *a,
+                         dol_api_error *e);
 int dol_http_gen_prepare(dol_http_req *c, const dol_http_attached *a,
                          const dol_completion_params *p, int n_reqs, dol_api_error *e);
 int dol_http_gen_add(dol_http_req *c, const dol_http_attached *a,
@@ -239,6 +264,7 @@ typedef struct {
     double loop_age_ms;          /* since the scheduler loop last ticked */
     double progress_age_ms;      /* since it last made progress, 0 when idle */
     bool stalled;                /* work pending and no progress for too long */
+    bool models_ready;           /* the start-up models (pinned, or the first) loaded */
     bool ready;                  /* every condition met: 200 */
 } dol_http_readiness;
 void dol_http_readiness_get(dol_server *s, dol_http_readiness *r);

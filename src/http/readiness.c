@@ -58,7 +58,9 @@ void dol_http_readiness_get(dol_server *s, dol_http_readiness *r)
 {
     memset(r, 0, sizeof *r);
     r->state = dol_server_get_state(s);
-    r->have_sched = dol_http_sched_stats(s, &r->st);
+    r->have_sched = dol_http_sched_stats(s, -1, &r->st);
+    dol_models *m = dol_http_models_of(s);
+    r->models_ready = m && dol_models_ready(m);
     double now = dol_now_ms();
     if (r->have_sched) {
         r->mem_ratio = r->st.mem_total_bytes
@@ -72,7 +74,8 @@ void dol_http_readiness_get(dol_server *s, dol_http_readiness *r)
         r->mem_unready = s->mem_unready;
         pthread_mutex_unlock(&s->watch_mu);
     }
-    r->ready = r->state == DOL_STATE_READY && r->have_sched && !r->mem_unready && !r->stalled;
+    r->ready = r->state == DOL_STATE_READY && r->have_sched && r->models_ready &&
+               !r->mem_unready && !r->stalled;
 }
 
 void dol_server_watch(dol_server *s)

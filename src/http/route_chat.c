@@ -17,7 +17,8 @@ static int64_t room_left(dol_http_req *c, const dol_http_attached *a, int n_prom
 {
     int64_t room = (int64_t)a->context_len - n_prompt;
     dol_scheduler_stats st;
-    if (dol_http_sched_stats(c->srv, &st) && st.kv_block_size > 0 && st.kv_blocks_total > 0) {
+    if (dol_http_sched_stats(c->srv, a->model_idx, &st) && st.kv_block_size > 0 &&
+        st.kv_blocks_total > 0) {
         int64_t shared = n_prompt / st.kv_block_size;
         int64_t blocks_each = ((int64_t)st.kv_blocks_total + (n - 1) * shared) / n;
         int64_t fit = blocks_each * st.kv_block_size - n_prompt;
@@ -73,6 +74,9 @@ enum MHD_Result dol_http_chat(dol_http_req *c)
 {
     dol_api_error e;
     dol_http_attached a;
-    if (dol_http_gen_begin(c, true, &a, &e) || build(c, &a, &e)) return dol_http_send_error(c, &e);
+    int w = dol_http_model_acquire(c, &a, &e);
+    if (w > 0) return MHD_YES;   /* suspended until the model is loaded */
+    if (w < 0 || dol_http_gen_begin(c, true, &a, &e) || build(c, &a, &e))
+        return dol_http_send_error(c, &e);
     return dol_http_gen_submit(c);
 }

@@ -90,7 +90,10 @@ enum MHD_Result dol_http_completions(dol_http_req *c)
 {
     dol_api_error e;
     dol_http_attached a;
-    if (dol_http_gen_begin(c, false, &a, &e) || build(c, &a, &e)) return dol_http_send_error(c, &e);
+    int w = dol_http_model_acquire(c, &a, &e);
+    if (w > 0) return MHD_YES;   /* suspended until the model is loaded */
+    if (w < 0 || dol_http_gen_begin(c, false, &a, &e) || build(c, &a, &e))
+        return dol_http_send_error(c, &e);
     return dol_http_gen_submit(c);
 }
 

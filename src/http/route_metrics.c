@@ -18,6 +18,7 @@ void dol_http_metrics_record(const dol_http_req *c, int status, int prompt_token
 {
     dol_metrics_request m = {
         .route = c->route,
+        .model = c->model,
         .status = status,
         .duration_s = total_ms / 1000.0,
         .prompt_tokens = prompt_tokens,
@@ -41,13 +42,37 @@ enum MHD_Result dol_http_metrics(dol_http_req *c)
 {
     dol_http_readiness rd;
     dol_http_readiness_get(c->srv, &rd);
-    dol_http_attached a;
-    dol_http_attached_get(c->srv, &a);
+    dol_models *models = dol_http_models_of(c->srv);
+    int n_models = models ? dol_models_count(models) : 0;
+    dol_metrics_model ms[DOL_MAX_MODELS];
+    for (int i = 0; i < n_models; i++) {
+        dol_model_info in;
+        dol_models_info(models, i, &in);
+        const dol_scheduler_stats *st = &in.stats;
+        ms[i] = (dol_metrics_model){
+            .name = in.name, .loaded = in.has_stats, .waiting = in.waiting,
+            .queue_depth = st->queued, .running_requests = st->running_requests,
+            .running_seqs = st->running_seqs, .kv_blocks_used = st->kv_blocks_used,
+            .kv_blocks_total = st->kv_blocks_total, .kv_block_size = st->kv_block_size,
+            .kv_blocks_cached = st->kv_blocks_cached,
+            .prefix_cache_query_tokens = st->prefix_cache_query_tokens,
+            .prefix_cache_hit_tokens = st->prefix_cache_hit_tokens,
+            .device_memory_used = st->mem_used_bytes, .device_memory_total = st->mem_total_bytes,
+            .weight_bytes = st->weight_bytes, .steps = st->steps,
+            .heartbeat_age_s = st->idle ? 0 : dol_http_age_ms(st->last_progress_ms, dol_now_ms()) / 1000.0,
+            .loads = in.loads, .load_failures = in.load_failures, .unloads = in.unloads,
+            .load_seconds_total = in.load_seconds_total, .last_load_s = in.last_load_s,
+        };
+    }
 
     dol_metrics_gauges g = {0};
+    g.models = ms;
+    g.n_models = n_models;
     g.version = DOL_VERSION;
     g.backend = rd.have_sched && rd.st.backend ? rd.st.backend : "";
-    g.model = a.model ? a.name : "";
+    dol_model_info first;
+    if (n_models > 0) dol_models_info(models, 0, &first);
+    g.model = n_models > 0 ? first.name : "";
     g.ready = rd.ready;
     g.draining = rd.state == DOL_STATE_DRAINING;
     g.inflight = dol_server_inflight(c->srv);

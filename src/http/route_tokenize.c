@@ -13,31 +13,30 @@
 
 #include <stdlib.h>
 
-/* Ready check, attached objects, body: shared by both routes. */
-static cJSON *begin(dol_http_req *c, dol_http_attached *a, dol_api_error *e)
+/* The model (loaded: 0; loading: 1, the connection suspended), then the
+ * body: shared by both routes. -1 with e. */
+static int begin(dol_http_req *c, dol_http_attached *a, cJSON **body, dol_api_error *e)
 {
-    if (dol_http_not_ready(c, e)) return NULL;
-    dol_http_attached_get(c->srv, a);
-    if (!a->model || !a->tok) {
-        dol_api_error_set(e, 503, "service_unavailable", NULL, "model_loading",
-                          "The model is not loaded yet.");
-        return NULL;
-    }
-    return dol_http_body_json(c, e);
+    int w = dol_http_model_acquire(c, a, e);
+    if (w != 0) return w;
+    *body = dol_http_body_json(c, e);
+    return *body ? 0 : -1;
 }
 
 enum MHD_Result dol_http_tokenize(dol_http_req *c)
 {
     dol_api_error e;
     dol_http_attached a;
-    cJSON *body = begin(c, &a, &e);
-    if (!body) return dol_http_send_error(c, &e);
+    cJSON *body = NULL;
+    int w = begin(c, &a, &body, &e);
+    if (w > 0) return MHD_YES;
+    if (w < 0) return dol_http_send_error(c, &e);
     dol_tokenize_params p;
     int rc = dol_api_parse_tokenize(body, &p, &e);
     cJSON_Delete(body);
     int32_t *ids = NULL;
     int n = 0;
-    if (rc == 0) rc = dol_http_check_model(p.model, &a, &e);
+    if (rc == 0) rc = dol_http_check_model(c, p.model, &a, &e);
     if (rc == 0 && p.messages) {
         rc = dol_api_chat_prompt_ids(a.tok, p.messages, p.n_messages, &ids, &n, &e);
     } else if (rc == 0) {
@@ -68,15 +67,17 @@ enum MHD_Result dol_http_detokenize(dol_http_req *c)
 {
     dol_api_error e;
     dol_http_attached a;
-    cJSON *body = begin(c, &a, &e);
-    if (!body) return dol_http_send_error(c, &e);
+    cJSON *body = NULL;
+    int w = begin(c, &a, &body, &e);
+    if (w > 0) return MHD_YES;
+    if (w < 0) return dol_http_send_error(c, &e);
     char *model = NULL;
     int32_t *ids = NULL;
     int n = 0;
     int rc = dol_api_parse_detokenize(body, dol_tokenizer_vocab_size(a.tok), &model, &ids, &n,
                                       &e);
     cJSON_Delete(body);
-    if (rc == 0) rc = dol_http_check_model(model, &a, &e);
+    if (rc == 0) rc = dol_http_check_model(c, model, &a, &e);
     free(model);
     char *text = NULL;
     size_t len = 0;

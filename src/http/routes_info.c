@@ -33,15 +33,48 @@ int dol_http_not_ready(dol_http_req *c, dol_api_error *e)
     }
 }
 
-static cJSON *model_object(const dol_server *s, const dol_http_attached *a)
+/* One configured model as OpenAI's model object, with Dolphin's own
+ * extension field "dolphin": its state, format, placement and counters
+ * (docs/openapi.yaml, ModelExtension). */
+static cJSON *model_object(const dol_server *s, const dol_model_info *in)
 {
+    const dol_model_entry *me = in->entry;
     cJSON *m = cJSON_CreateObject();
-    if (!m) return NULL;
-    cJSON_AddStringToObject(m, "id", a->name);
+    cJSON *x = cJSON_CreateObject();
+    if (!m || !x) {
+        cJSON_Delete(m);
+        cJSON_Delete(x);
+        return NULL;
+    }
+    cJSON_AddStringToObject(m, "id", in->name);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)s->started);
     cJSON_AddStringToObject(m, "owned_by", "dolphin");
-    cJSON_AddNumberToObject(m, "max_model_len", a->context_len);
+    if (in->context_len > 0) cJSON_AddNumberToObject(m, "max_model_len", in->context_len);
+    else cJSON_AddNullToObject(m, "max_model_len");
+    cJSON_AddItemToObject(m, "dolphin", x);
+    cJSON_AddStringToObject(x, "state", dol_model_state_name(in->state));
+    cJSON_AddStringToObject(x, "format", in->weights);
+    cJSON *pl = cJSON_AddObjectToObject(x, "placement");
+    if (pl) {
+        cJSON_AddStringToObject(pl, "backend", in->backend ? in->backend
+                                : dol_config_choice_name("backend", me->backend));
+        cJSON_AddNumberToObject(pl, "gpu_memory_utilization", me->gpu_memory_utilization);
+    }
+    cJSON_AddBoolToObject(x, "pinned", me->pinned);
+    cJSON *al = cJSON_AddArrayToObject(x, "aliases");
+    for (int i = 0; al && i < me->n_aliases; i++)
+        cJSON_AddItemToArray(al, cJSON_CreateString(me->aliases[i]));
+    cJSON_AddNumberToObject(x, "memory_bytes", (double)in->bytes);
+    cJSON_AddNumberToObject(x, "active_requests", in->leases);
+    cJSON_AddNumberToObject(x, "waiting_requests", in->waiting);
+    cJSON_AddNumberToObject(x, "loads", (double)in->loads);
+    cJSON_AddNumberToObject(x, "unloads", (double)in->unloads);
+    cJSON_AddNumberToObject(x, "load_failures", (double)in->load_failures);
+    if (in->loads > 0) cJSON_AddNumberToObject(x, "last_load_seconds", in->last_load_s);
+    else cJSON_AddNullToObject(x, "last_load_seconds");
+    if (in->error[0]) cJSON_AddStringToObject(x, "error", in->error);
+    else cJSON_AddNullToObject(x, "error");
     return m;
 }
 
@@ -49,26 +82,35 @@ enum MHD_Result dol_http_models(dol_http_req *c, const char *id)
 {
     dol_api_error e;
     if (dol_http_not_ready(c, &e)) return dol_http_send_error(c, &e);
-    dol_http_attached a;
-    dol_http_attached_get(c->srv, &a);
+    dol_models *models = dol_http_models_of(c->srv);
+    int n = models ? dol_models_count(models) : 0;
+    dol_model_info in;
     if (id) {
-        if (strcmp(id, a.name) != 0) {
+        int idx = models ? dol_models_find(models, id) : -1;
+        if (idx < 0 || !id[0]) {
             dol_api_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
                               "The model '%.200s' does not exist.", id);
             return dol_http_send_error(c, &e);
         }
-        return dol_http_send_cjson(c, 200, model_object(c->srv, &a));
+        dol_models_info(models, idx, &in);
+        return dol_http_send_cjson(c, 200, model_object(c->srv, &in));
     }
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "object", "list");
-    cJSON *data = cJSON_AddArrayToObject(root, "data");
-    cJSON *m = model_object(c->srv, &a);
-    if (!data || !m) {
-        cJSON_Delete(m);
+    cJSON *data = root ? cJSON_AddArrayToObject(root, "data") : NULL;
+    if (root) cJSON_AddStringToObject(root, "object", "list");
+    for (int i = 0; data && i < n; i++) {
+        dol_models_info(models, i, &in);
+        cJSON *m = model_object(c->srv, &in);
+        if (!m) {
+            data = NULL;
+            break;
+        }
+        cJSON_AddItemToArray(data, m);
+    }
+    if (!data) {
         cJSON_Delete(root);
         return dol_http_send_json(c, 500, NULL);
     }
-    cJSON_AddItemToArray(data, m);
     return dol_http_send_cjson(c, 200, root);
 }
 
@@ -101,8 +143,8 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
     dol_http_readiness rd;
     dol_http_readiness_get(c->srv, &rd);
     const dol_scheduler_stats *st = &rd.st;
-    dol_http_attached a;
-    dol_http_attached_get(c->srv, &a);
+    dol_models *models = dol_http_models_of(c->srv);
+    int n_models = models ? dol_models_count(models) : 0;
 
     cJSON *root = cJSON_CreateObject();
     cJSON *reasons = cJSON_CreateArray();
@@ -118,7 +160,10 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
     case DOL_STATE_WARMING: add_reason(reasons, "warm-up in progress"); break;
     case DOL_STATE_DRAINING: add_reason(reasons, "server is draining"); break;
     default:
-        if (!rd.have_sched) {
+        if (!rd.models_ready) {
+            add_reason(reasons, "a start-up model is not loaded");
+            status = "loading";
+        } else if (!rd.have_sched) {
             add_reason(reasons, "no scheduler");
             status = "stopping";
         }
@@ -144,8 +189,23 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
     cJSON_AddBoolToObject(root, "ready", rd.ready);
     cJSON_AddStringToObject(root, "state", state_name(rd.state));
     cJSON_AddItemToObject(root, "reasons", reasons);
-    if (a.name[0]) cJSON_AddStringToObject(root, "model", a.name);
+    /* "model": the first start-up model; "models": every one and its state */
+    cJSON *ml = cJSON_CreateArray();
+    const char *first = NULL;
+    for (int i = 0; ml && i < n_models; i++) {
+        dol_model_info in;
+        dol_models_info(models, i, &in);
+        if (in.startup && !first) first = in.name;
+        cJSON *o = cJSON_CreateObject();
+        if (!o) continue;
+        cJSON_AddStringToObject(o, "id", in.name);
+        cJSON_AddStringToObject(o, "state", dol_model_state_name(in.state));
+        cJSON_AddBoolToObject(o, "startup", in.startup);
+        cJSON_AddItemToArray(ml, o);
+    }
+    if (first) cJSON_AddStringToObject(root, "model", first);
     else cJSON_AddNullToObject(root, "model");
+    if (ml) cJSON_AddItemToObject(root, "models", ml);
     if (rd.have_sched && st->backend) cJSON_AddStringToObject(root, "backend", st->backend);
     else cJSON_AddNullToObject(root, "backend");
     cJSON_AddNumberToObject(root, "inflight", dol_server_inflight(c->srv));
@@ -201,7 +261,8 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
 enum MHD_Result dol_http_livez(dol_http_req *c)
 {
     dol_scheduler_stats st;
-    double stalled = dol_http_sched_stats(c->srv, &st) ? dol_http_age_ms(st.last_step_ms, dol_now_ms()) : 0;
+    double stalled = dol_http_sched_stats(c->srv, -1, &st)
+                         ? dol_http_age_ms(st.last_step_ms, dol_now_ms()) : 0;
     cJSON *root = cJSON_CreateObject();
     bool alive = stalled <= DOL_HTTP_STALL_LIVE_MS;
     cJSON_AddStringToObject(root, "status", alive ? "alive" : "stalled");

@@ -71,47 +71,6 @@ uint64_t dol_http_random_u64(void)
     return x;
 }
 
-/* ---- attached objects --------------------------------------------------- */
-
-void dol_http_attached_get(dol_server *s, dol_http_attached *a)
-{
-    pthread_mutex_lock(&s->mu);
-    a->model = s->model;
-    a->tok = s->tok;
-    a->has_sched = s->sched != NULL;
-    pthread_mutex_unlock(&s->mu);
-    const char *name = s->cfg->served_model_name;
-    if (!name[0] && a->model) name = a->model->name;
-    snprintf(a->name, sizeof a->name, "%s", name);
-    a->context_len = 0;
-    if (a->model) {
-        a->context_len = a->model->cfg.max_position_embeddings;
-        if (s->cfg->context_len > 0 && s->cfg->context_len < a->context_len)
-            a->context_len = s->cfg->context_len;
-    }
-}
-
-bool dol_http_sched_stats(dol_server *s, dol_scheduler_stats *st)
-{
-    memset(st, 0, sizeof *st);
-    pthread_mutex_lock(&s->mu);
-    bool have = s->sched != NULL;
-    if (have) dol_scheduler_get_stats(s->sched, st);
-    pthread_mutex_unlock(&s->mu);
-    return have;
-}
-
-dol_submit_result dol_http_sched_submit(dol_server *s, dol_request *r, char *err,
-                                        size_t errlen)
-{
-    dol_submit_result res = DOL_SUBMIT_DRAINING;
-    pthread_mutex_lock(&s->mu);
-    if (s->sched) res = dol_scheduler_submit(s->sched, r, err, errlen);
-    else dol_set_err(err, errlen, "the scheduler is gone");
-    pthread_mutex_unlock(&s->mu);
-    return res;
-}
-
 /* ---- responses ---------------------------------------------------------- */
 
 /* Routes a prober or a scraper calls, served during a drain too. */
@@ -139,7 +98,11 @@ enum MHD_Result dol_http_queue(dol_http_req *c, int status, struct MHD_Response 
 /* Extra headers for an error, chosen by status. */
 static void error_headers(dol_http_req *c, struct MHD_Response *resp, int status)
 {
-    if (status == 429 || status == 503) MHD_add_response_header(resp, "Retry-After", "1");
+    if (status == 429 || status == 503) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", c->retry_after_s > 0 ? c->retry_after_s : 1);
+        MHD_add_response_header(resp, "Retry-After", ra);
+    }
     if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
     if (status == 405) {
         bool post = strcmp(c->route, "/v1/completions") == 0 ||
@@ -555,6 +518,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     /* sequences that reached the scheduler (0: none did) */
     int n_seqs = c->gen && c->gen->n_submitted > 0 ? c->gen->n_reqs * c->gen->n : 0;
     dol_http_gen_cleanup(c, &prompt_tokens, &completion_tokens, &queue_ms, &ttft_ms);
+    dol_http_model_done(c);   /* after the cleanup: its requests are cancelled */
 
     bool ok = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK;
     int status = c->status ? c->status : 499;   /* 499: client closed first */
@@ -564,10 +528,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     dol_log_level lvl = status >= 500 ? DOL_LOG_ERROR : (ok ? DOL_LOG_INFO : DOL_LOG_WARN);
     /* successful probes and scrapes (every few seconds) only at debug level */
     if (ok && status == 200 && ROUTE_IS_PROBE(c->route)) lvl = DOL_LOG_DEBUG;
+    char mq[300];
     dol_log(lvl, "request",
-            "request_id=%s method=%s route=%s status=%d prompt_tokens=%d "
+            "request_id=%s method=%s route=%s model=%s status=%d prompt_tokens=%d "
             "completion_tokens=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s",
-            c->id, c->method[0] ? c->method : "-", c->route, status, prompt_tokens,
+            c->id, c->method[0] ? c->method : "-", c->route,
+            c->model[0] ? dol_log_quote(c->model, mq, sizeof mq) : "-", status, prompt_tokens,
             completion_tokens, queue_ms, ttft_ms, total_ms,
             ok ? "" : " aborted=true");
     free(c->body);
@@ -697,16 +663,6 @@ fail:
     pthread_mutex_destroy(&s->mu);
     free(s);
     return -1;
-}
-
-void dol_server_attach(dol_server *s, const dol_model *model,
-                       const dol_tokenizer *tok, dol_scheduler *sched)
-{
-    pthread_mutex_lock(&s->mu);
-    s->model = model;
-    s->tok = tok;
-    s->sched = sched;
-    pthread_mutex_unlock(&s->mu);
 }
 
 /* Draining: the listening socket stops taking connections at once, so a

@@ -1,8 +1,9 @@
 /* src/obs/metrics.c — the Prometheus figures of include/dolphin/metrics.h:
  * per-request counters and histograms kept under one mutex, and the text
  * exposition (format 0.0.4) that GET /metrics serves. Series are keyed by
- * route (a small fixed set chosen by the router) and status, so the number
- * of series stays bounded whatever clients send. */
+ * route (a small fixed set chosen by the router), status and model (a
+ * configured name, never what the client sent), so the number of series
+ * stays bounded whatever clients send. */
 #include "dolphin/metrics.h"
 
 #include <math.h>
@@ -62,16 +63,25 @@ static const struct {
 
 #define LABEL_LEN 64
 
+#define MODEL_LEN 256
+
 typedef struct {
     char route[LABEL_LEN];
+    char model[MODEL_LEN];
     histogram h[N_HIST];
 } route_series;
 
 typedef struct {
     char route[LABEL_LEN];
+    char model[MODEL_LEN];
     int status;
     uint64_t n;
 } request_count;
+
+typedef struct {
+    char model[MODEL_LEN];
+    uint64_t prompt_tokens, generation_tokens;
+} model_tokens;
 
 struct dol_metrics {
     pthread_mutex_t mu;
@@ -79,7 +89,8 @@ struct dol_metrics {
     int n_routes, cap_routes;
     request_count *counts;
     int n_counts, cap_counts;
-    uint64_t prompt_tokens, generation_tokens;
+    model_tokens *tokens;
+    int n_tokens, cap_tokens;
 };
 
 dol_metrics *dol_metrics_new(void)
@@ -96,6 +107,7 @@ void dol_metrics_free(dol_metrics *m)
     pthread_mutex_destroy(&m->mu);
     free(m->routes);
     free(m->counts);
+    free(m->tokens);
     free(m);
 }
 
@@ -122,10 +134,11 @@ static void hist_observe(histogram *h, hist_id id, double v)
     h->sum += v;
 }
 
-static route_series *route_get(dol_metrics *m, const char *route)
+static route_series *route_get(dol_metrics *m, const char *route, const char *model)
 {
     for (int i = 0; i < m->n_routes; i++)
-        if (strcmp(m->routes[i].route, route) == 0) return &m->routes[i];
+        if (strcmp(m->routes[i].route, route) == 0 && strcmp(m->routes[i].model, model) == 0)
+            return &m->routes[i];
     if (m->n_routes == m->cap_routes) {
         int cap = m->cap_routes ? m->cap_routes * 2 : 8;
         route_series *n = realloc(m->routes, sizeof *n * (size_t)cap);
@@ -136,13 +149,33 @@ static route_series *route_get(dol_metrics *m, const char *route)
     route_series *r = &m->routes[m->n_routes++];
     memset(r, 0, sizeof *r);
     snprintf(r->route, sizeof r->route, "%s", route);
+    snprintf(r->model, sizeof r->model, "%s", model);
     return r;
 }
 
-static request_count *count_get(dol_metrics *m, const char *route, int status)
+static model_tokens *tokens_get(dol_metrics *m, const char *model)
+{
+    for (int i = 0; i < m->n_tokens; i++)
+        if (strcmp(m->tokens[i].model, model) == 0) return &m->tokens[i];
+    if (m->n_tokens == m->cap_tokens) {
+        int cap = m->cap_tokens ? m->cap_tokens * 2 : 4;
+        model_tokens *n = realloc(m->tokens, sizeof *n * (size_t)cap);
+        if (!n) return NULL;
+        m->tokens = n;
+        m->cap_tokens = cap;
+    }
+    model_tokens *t = &m->tokens[m->n_tokens++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->model, sizeof t->model, "%s", model);
+    return t;
+}
+
+static request_count *count_get(dol_metrics *m, const char *route, int status,
+                                const char *model)
 {
     for (int i = 0; i < m->n_counts; i++)
-        if (m->counts[i].status == status && strcmp(m->counts[i].route, route) == 0)
+        if (m->counts[i].status == status && strcmp(m->counts[i].route, route) == 0 &&
+            strcmp(m->counts[i].model, model) == 0)
             return &m->counts[i];
     if (m->n_counts == m->cap_counts) {
         int cap = m->cap_counts ? m->cap_counts * 2 : 16;
@@ -154,6 +187,7 @@ static request_count *count_get(dol_metrics *m, const char *route, int status)
     request_count *c = &m->counts[m->n_counts++];
     memset(c, 0, sizeof *c);
     snprintf(c->route, sizeof c->route, "%s", route);
+    snprintf(c->model, sizeof c->model, "%s", model);
     c->status = status;
     return c;
 }
@@ -163,18 +197,22 @@ void dol_metrics_observe(dol_metrics *m, const dol_metrics_request *r)
     if (!m || !r) return;
     const char *route = r->route && r->route[0] ? r->route : "unknown";
     int status = r->status >= 100 && r->status <= 999 ? r->status : 0;
+    const char *model = r->model ? r->model : "";
     pthread_mutex_lock(&m->mu);
-    request_count *c = count_get(m, route, status);
+    request_count *c = count_get(m, route, status, model);
     if (c) c->n++;
-    route_series *s = route_get(m, route);
+    route_series *s = route_get(m, route, model);
     if (s) {
         hist_observe(&s->h[H_DURATION], H_DURATION, r->duration_s);
         hist_observe(&s->h[H_QUEUE], H_QUEUE, r->queue_s);
         hist_observe(&s->h[H_TTFT], H_TTFT, r->ttft_s);
         hist_observe(&s->h[H_TPOT], H_TPOT, r->tpot_s);
     }
-    if (r->prompt_tokens > 0) m->prompt_tokens += (uint64_t)r->prompt_tokens;
-    if (r->completion_tokens > 0) m->generation_tokens += (uint64_t)r->completion_tokens;
+    if (r->prompt_tokens > 0 || r->completion_tokens > 0) {
+        model_tokens *t = tokens_get(m, model);
+        if (t && r->prompt_tokens > 0) t->prompt_tokens += (uint64_t)r->prompt_tokens;
+        if (t && r->completion_tokens > 0) t->generation_tokens += (uint64_t)r->completion_tokens;
+    }
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -230,12 +268,6 @@ static void gauge(out_buf *o, const char *name, const char *help, double v)
     put(o, "%s %.17g\n", name, v);
 }
 
-static void counter(out_buf *o, const char *name, const char *help, uint64_t v)
-{
-    family(o, name, "counter", help);
-    put(o, "%s %llu\n", name, (unsigned long long)v);
-}
-
 static void histogram_family(out_buf *o, const dol_metrics *m, hist_id id)
 {
     const char *name = HISTS[id].name;
@@ -246,19 +278,103 @@ static void histogram_family(out_buf *o, const dol_metrics *m, hist_id id)
         /* a route that never had such a figure (/healthz has no first token)
          * gets no series */
         if (h->count == 0 && id != H_DURATION) continue;
-        char route[2 * LABEL_LEN];
+        char route[2 * LABEL_LEN], model[2 * MODEL_LEN], lab[2 * LABEL_LEN + 2 * MODEL_LEN + 32];
         label_value(s->route, route, sizeof route);
+        if (s->model[0])
+            snprintf(lab, sizeof lab, "route=\"%s\",model=\"%s\"", route,
+                     label_value(s->model, model, sizeof model));
+        else
+            snprintf(lab, sizeof lab, "route=\"%s\"", route);
         uint64_t cum = 0;
         for (int b = 0; b < HISTS[id].n_bounds; b++) {
             cum += h->counts[b];
-            put(o, "%s_bucket{route=\"%s\",le=\"%g\"} %llu\n", name, route, HISTS[id].bounds[b],
+            put(o, "%s_bucket{%s,le=\"%g\"} %llu\n", name, lab, HISTS[id].bounds[b],
                 (unsigned long long)cum);
         }
-        put(o, "%s_bucket{route=\"%s\",le=\"+Inf\"} %llu\n", name, route,
-            (unsigned long long)h->count);
-        put(o, "%s_sum{route=\"%s\"} %.17g\n", name, route, h->sum);
-        put(o, "%s_count{route=\"%s\"} %llu\n", name, route, (unsigned long long)h->count);
+        put(o, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, lab, (unsigned long long)h->count);
+        put(o, "%s_sum{%s} %.17g\n", name, lab, h->sum);
+        put(o, "%s_count{%s} %llu\n", name, lab, (unsigned long long)h->count);
     }
+}
+
+/* ---- per-model families -------------------------------------------------- */
+
+typedef enum {
+    MF_QUEUE, MF_RUN_REQ, MF_RUN_SEQ, MF_KV_USED, MF_KV_CAP, MF_KV_BS, MF_KV_RATIO,
+    MF_KV_CACHED, MF_PC_Q, MF_PC_H, MF_MEM_USED, MF_MEM_TOTAL, MF_WEIGHTS, MF_STEPS, MF_HEART,
+    MF_LOADED, MF_WAITING, MF_LOADS, MF_LOAD_FAILS, MF_UNLOADS, MF_LOAD_S, MF_LAST_LOAD_S,
+} model_fig;
+
+/* In model_fig order. per_entry: a sample for every configured model (not
+ * only the loaded ones), and none at all without models. */
+static const struct {
+    const char *name, *type, *help;
+    bool per_entry;
+} MODEL_FAMILIES[] = {
+    {"dolphin_queue_depth", "gauge", "Requests waiting in the scheduler's queue.", false},
+    {"dolphin_running_requests", "gauge", "Requests in the running batch.", false},
+    {"dolphin_running_sequences", "gauge",
+     "Sequences in the running batch (the batch size; n > 1 counts each choice).", false},
+    {"dolphin_kv_cache_blocks_used", "gauge", "KV-cache blocks in use.", false},
+    {"dolphin_kv_cache_blocks_capacity", "gauge", "KV-cache blocks in the pool.", false},
+    {"dolphin_kv_cache_block_size_tokens", "gauge", "Tokens per KV-cache block.", false},
+    {"dolphin_kv_cache_usage_ratio", "gauge", "Fraction of the KV-cache pool in use.", false},
+    {"dolphin_kv_cache_blocks_cached", "gauge",
+     "KV-cache blocks no sequence holds that the prefix cache keeps (counted as free).", false},
+    {"dolphin_prefix_cache_queries_total", "counter",
+     "Prompt tokens looked up in the prefix cache.", false},
+    {"dolphin_prefix_cache_hits_total", "counter",
+     "Prompt tokens whose K/V came from the prefix cache.", false},
+    {"dolphin_device_memory_used_bytes", "gauge",
+     "Device memory in use (CUDA: the whole device; CPU backend: the KV-cache pool).", false},
+    {"dolphin_device_memory_total_bytes", "gauge",
+     "Device memory in all (CUDA: the whole device; CPU backend: the KV-cache pool).", false},
+    {"dolphin_weight_bytes", "gauge", "Resident bytes of the model weights as held.", false},
+    {"dolphin_scheduler_steps_total", "counter", "Forward steps run by the scheduler.", false},
+    {"dolphin_scheduler_heartbeat_age_seconds", "gauge",
+     "Seconds since the scheduler loop last made progress with work pending (0 when idle).",
+     false},
+    {"dolphin_model_loaded", "gauge", "1 while the model is loaded, else 0.", true},
+    {"dolphin_model_waiting_requests", "gauge", "Requests waiting for the model to load.", true},
+    {"dolphin_model_loads_total", "counter", "Successful loads of the model.", true},
+    {"dolphin_model_load_failures_total", "counter",
+     "Failed loads of the model (errors, load_timeout_s, no room).", true},
+    {"dolphin_model_unloads_total", "counter",
+     "Unloads of the model to make room (least recently used first).", true},
+    {"dolphin_model_load_seconds_total", "counter",
+     "Seconds spent in the model's successful loads (warm-up included).", true},
+    {"dolphin_model_last_load_seconds", "gauge",
+     "Seconds the model's last successful load took (warm-up included).", true},
+};
+
+static double model_value(const dol_metrics_model *x, model_fig f)
+{
+    switch (f) {
+    case MF_QUEUE: return x->queue_depth;
+    case MF_RUN_REQ: return x->running_requests;
+    case MF_RUN_SEQ: return x->running_seqs;
+    case MF_KV_USED: return x->kv_blocks_used;
+    case MF_KV_CAP: return x->kv_blocks_total;
+    case MF_KV_BS: return x->kv_block_size;
+    case MF_KV_RATIO:
+        return x->kv_blocks_total > 0 ? (double)x->kv_blocks_used / x->kv_blocks_total : 0.0;
+    case MF_KV_CACHED: return x->kv_blocks_cached;
+    case MF_PC_Q: return (double)x->prefix_cache_query_tokens;
+    case MF_PC_H: return (double)x->prefix_cache_hit_tokens;
+    case MF_MEM_USED: return (double)x->device_memory_used;
+    case MF_MEM_TOTAL: return (double)x->device_memory_total;
+    case MF_WEIGHTS: return (double)x->weight_bytes;
+    case MF_STEPS: return (double)x->steps;
+    case MF_HEART: return x->heartbeat_age_s;
+    case MF_LOADED: return x->loaded ? 1 : 0;
+    case MF_WAITING: return x->waiting;
+    case MF_LOADS: return (double)x->loads;
+    case MF_LOAD_FAILS: return (double)x->load_failures;
+    case MF_UNLOADS: return (double)x->unloads;
+    case MF_LOAD_S: return x->load_seconds_total;
+    case MF_LAST_LOAD_S: return x->last_load_s;
+    }
+    return 0;
 }
 
 char *dol_metrics_render(dol_metrics *m, const dol_metrics_gauges *g, size_t *len)
@@ -281,59 +397,77 @@ char *dol_metrics_render(dol_metrics *m, const dol_metrics_gauges *g, size_t *le
     if (m) pthread_mutex_lock(&m->mu);
     family(&o, "dolphin_requests_total", "counter",
            "HTTP requests completed, by route and status (499: the client left first).");
-    for (int i = 0; m && i < m->n_counts; i++)
-        put(&o, "dolphin_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
-            label_value(m->counts[i].route, a, sizeof a), m->counts[i].status,
+    for (int i = 0; m && i < m->n_counts; i++) {
+        char ml[2 * MODEL_LEN + 16] = "";
+        if (m->counts[i].model[0])
+            snprintf(ml, sizeof ml, ",model=\"%s\"", label_value(m->counts[i].model, c, sizeof c));
+        put(&o, "dolphin_requests_total{route=\"%s\",status=\"%d\"%s} %llu\n",
+            label_value(m->counts[i].route, a, sizeof a), m->counts[i].status, ml,
             (unsigned long long)m->counts[i].n);
+    }
     if (m) {
         for (int h = 0; h < N_HIST; h++) histogram_family(&o, m, (hist_id)h);
     } else {
         for (int h = 0; h < N_HIST; h++) family(&o, HISTS[h].name, "histogram", HISTS[h].help);
     }
-    counter(&o, "dolphin_prompt_tokens_total", "Prompt tokens of completed generation requests.",
-            m ? m->prompt_tokens : 0);
-    counter(&o, "dolphin_generation_tokens_total",
-            "Tokens generated for completed requests (all choices).",
-            m ? m->generation_tokens : 0);
+    static const char *const TOKEN_FAMILIES[2][2] = {
+        {"dolphin_prompt_tokens_total", "Prompt tokens of completed generation requests."},
+        {"dolphin_generation_tokens_total", "Tokens generated for completed requests (all choices)."},
+    };
+    for (int f = 0; f < 2; f++) {
+        family(&o, TOKEN_FAMILIES[f][0], "counter", TOKEN_FAMILIES[f][1]);
+        if (!m || m->n_tokens == 0) put(&o, "%s 0\n", TOKEN_FAMILIES[f][0]);
+        for (int i = 0; m && i < m->n_tokens; i++) {
+            uint64_t v = f == 0 ? m->tokens[i].prompt_tokens : m->tokens[i].generation_tokens;
+            if (m->tokens[i].model[0])
+                put(&o, "%s{model=\"%s\"} %llu\n", TOKEN_FAMILIES[f][0],
+                    label_value(m->tokens[i].model, c, sizeof c), (unsigned long long)v);
+            else
+                put(&o, "%s %llu\n", TOKEN_FAMILIES[f][0], (unsigned long long)v);
+        }
+    }
     if (m) pthread_mutex_unlock(&m->mu);
 
     gauge(&o, "dolphin_inflight_requests",
           "Generation requests accepted and not yet completed.", g->inflight);
-    gauge(&o, "dolphin_queue_depth", "Requests waiting in the scheduler's queue.", g->queue_depth);
-    gauge(&o, "dolphin_running_requests", "Requests in the running batch.", g->running_requests);
-    gauge(&o, "dolphin_running_sequences",
-          "Sequences in the running batch (the batch size; n > 1 counts each choice).",
-          g->running_seqs);
-    gauge(&o, "dolphin_kv_cache_blocks_used", "KV-cache blocks in use.", g->kv_blocks_used);
-    gauge(&o, "dolphin_kv_cache_blocks_capacity", "KV-cache blocks in the pool.",
-          g->kv_blocks_total);
-    gauge(&o, "dolphin_kv_cache_block_size_tokens", "Tokens per KV-cache block.",
-          g->kv_block_size);
-    gauge(&o, "dolphin_kv_cache_usage_ratio", "Fraction of the KV-cache pool in use.",
-          g->kv_blocks_total > 0 ? (double)g->kv_blocks_used / g->kv_blocks_total : 0.0);
-    gauge(&o, "dolphin_kv_cache_blocks_cached",
-          "KV-cache blocks no sequence holds that the prefix cache keeps (counted as free).",
-          g->kv_blocks_cached);
-    counter(&o, "dolphin_prefix_cache_queries_total",
-            "Prompt tokens looked up in the prefix cache.", g->prefix_cache_query_tokens);
-    counter(&o, "dolphin_prefix_cache_hits_total",
-            "Prompt tokens whose K/V came from the prefix cache.", g->prefix_cache_hit_tokens);
-    gauge(&o, "dolphin_device_memory_used_bytes",
-          "Device memory in use (CUDA: the whole device; CPU backend: the KV-cache pool).",
-          (double)g->device_memory_used);
-    gauge(&o, "dolphin_device_memory_total_bytes",
-          "Device memory in all (CUDA: the whole device; CPU backend: the KV-cache pool).",
-          (double)g->device_memory_total);
-    family(&o, "dolphin_gpu_utilization_ratio", "gauge",
-           "Fraction of time a kernel ran on the GPU over NVML's last sample period "
-           "(no sample without NVML).");
-    if (g->gpu_utilization >= 0) put(&o, "dolphin_gpu_utilization_ratio %.17g\n", g->gpu_utilization);
-    gauge(&o, "dolphin_weight_bytes", "Resident bytes of the model weights as held.",
-          (double)g->weight_bytes);
-    counter(&o, "dolphin_scheduler_steps_total", "Forward steps run by the scheduler.", g->steps);
-    gauge(&o, "dolphin_scheduler_heartbeat_age_seconds",
-          "Seconds since the scheduler loop last made progress with work pending (0 when idle).",
-          g->heartbeat_age_s);
+    /* the per-model figures: one sample per loaded model (per configured
+     * model for the load counters), or unlabelled from g without models */
+    dol_metrics_model one = {
+        .name = NULL, .loaded = true, .queue_depth = g->queue_depth,
+        .running_requests = g->running_requests, .running_seqs = g->running_seqs,
+        .kv_blocks_used = g->kv_blocks_used, .kv_blocks_total = g->kv_blocks_total,
+        .kv_block_size = g->kv_block_size, .kv_blocks_cached = g->kv_blocks_cached,
+        .prefix_cache_query_tokens = g->prefix_cache_query_tokens,
+        .prefix_cache_hit_tokens = g->prefix_cache_hit_tokens,
+        .device_memory_used = g->device_memory_used, .device_memory_total = g->device_memory_total,
+        .weight_bytes = g->weight_bytes, .steps = g->steps, .heartbeat_age_s = g->heartbeat_age_s,
+    };
+    const dol_metrics_model *ms = g->n_models > 0 ? g->models : &one;
+    int n_ms = g->n_models > 0 ? g->n_models : 1;
+    for (size_t f = 0; f < sizeof MODEL_FAMILIES / sizeof MODEL_FAMILIES[0]; f++) {
+        const char *name = MODEL_FAMILIES[f].name;
+        bool per_entry = MODEL_FAMILIES[f].per_entry;
+        if (per_entry && g->n_models == 0) {
+            family(&o, name, MODEL_FAMILIES[f].type, MODEL_FAMILIES[f].help);
+            continue;
+        }
+        family(&o, name, MODEL_FAMILIES[f].type, MODEL_FAMILIES[f].help);
+        for (int i = 0; i < n_ms; i++) {
+            if (!per_entry && !ms[i].loaded) continue;
+            double v = model_value(&ms[i], (model_fig)f);
+            if (ms[i].name)
+                put(&o, "%s{model=\"%s\"} %.17g\n", name, label_value(ms[i].name, c, sizeof c), v);
+            else
+                put(&o, "%s %.17g\n", name, v);
+        }
+        if (f == MF_KV_CACHED) {   /* keep the exposition's old order */
+            family(&o, "dolphin_gpu_utilization_ratio", "gauge",
+                   "Fraction of time a kernel ran on the GPU over NVML's last sample period "
+                   "(no sample without NVML).");
+            if (g->gpu_utilization >= 0)
+                put(&o, "dolphin_gpu_utilization_ratio %.17g\n", g->gpu_utilization);
+        }
+    }
 
     if (o.oom) {
         free(o.buf);

@@ -70,6 +70,22 @@ static void check_config(const dol_config *c)
     FUZZ_CHECK(c->drain_timeout_s >= 0);
     FUZZ_CHECK(c->vram_unready_ratio > 0 && c->vram_unready_ratio <= 1);
     FUZZ_CHECK(c->vram_unready_after_s >= 0);
+    FUZZ_CHECK(c->max_loaded_models >= 1 && c->max_loaded_models <= DOL_MAX_MODELS);
+    FUZZ_CHECK(c->memory_budget_bytes >= 0 && c->load_timeout_s > 0 && c->load_retry_s >= 0);
+    FUZZ_CHECK(c->n_models >= 0 && c->n_models <= DOL_MAX_MODELS);
+    int pinned = 0;
+    for (int i = 0; i < c->n_models; i++) {
+        const dol_model_entry *e = &c->models[i];
+        FUZZ_CHECK(terminated(e->name, sizeof e->name) && e->name[0]);
+        FUZZ_CHECK(terminated(e->path, sizeof e->path) && e->path[0]);
+        FUZZ_CHECK(e->n_aliases >= 0 && e->n_aliases <= DOL_MAX_ALIASES);
+        FUZZ_CHECK(e->weights >= DOL_WEIGHTS_AUTO && e->weights <= DOL_WEIGHTS_NF4);
+        FUZZ_CHECK(e->gpu_memory_utilization > 0 && e->gpu_memory_utilization <= 1);
+        pinned += e->pinned;
+        for (int j = 0; j < i; j++)   /* names unique (aliases too) */
+            FUZZ_CHECK(strcmp(c->models[j].name, e->name) != 0);
+    }
+    FUZZ_CHECK(pinned <= c->max_loaded_models);
 }
 
 static void fuzz_yaml(const uint8_t *data, size_t size)

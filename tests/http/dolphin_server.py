@@ -57,7 +57,8 @@ def golden(name):
 
 class Dolphind:
     """One running dolphind on `model` (a test model's name, or a model
-    directory) with the extra flags `args`, from `binary` (default BIN). With
+    directory; None when `args` name a --config file with a models list)
+    with the extra flags `args`, from `binary` (default BIN). With
     `api_key` set, its requests send that key unless told otherwise. `port`
     (default: a free one) lets a restarted replica keep its address."""
 
@@ -65,13 +66,17 @@ class Dolphind:
         binary = Path(binary or BIN)
         if not binary.is_file():
             pytest.skip(f"{binary} not built (set DOLPHIN_BIN)")
-        self.model_dir = Path(model) if Path(model).is_dir() else model_dir(model)
-        self.model = self.model_dir.name
+        if model is None:
+            self.model_dir, self.model, model_args = None, "models", []
+        else:
+            self.model_dir = Path(model) if Path(model).is_dir() else model_dir(model)
+            self.model = self.model_dir.name
+            model_args = ["--model", str(self.model_dir)]
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         fd, self.log_path = tempfile.mkstemp(prefix=f"dolphind-{self.model}-", suffix=".log")
-        self.cmd = [str(binary), "--model", str(self.model_dir), "--host", "127.0.0.1",
+        self.cmd = [str(binary), *model_args, "--host", "127.0.0.1",
                     "--port", str(self.port), "--threads", str(threads), *map(str, args)]
         self.proc = subprocess.Popen(self.cmd, stdout=fd, stderr=fd)
         os.close(fd)

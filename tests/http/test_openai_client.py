@@ -31,7 +31,7 @@ API_KEY = "client-test-key-0123456789"
 LONG_TOKENS = 1000   # tiny-llama2 (context 1024): seconds of generation on one thread
 
 # Fields Dolphin adds to OpenAI's objects (docs/api.md, docs/openapi.yaml).
-EXTENSIONS = {"max_model_len", "prompt_token_ids", "token_ids"}
+EXTENSIONS = {"max_model_len", "prompt_token_ids", "token_ids", "dolphin"}
 
 
 # ---- servers ----------------------------------------------------------------------
@@ -62,12 +62,12 @@ def client(srv):
 
 
 def metrics(s):
-    """The unlabelled samples and the per-status request counts of /metrics
+    """The unlabelled (or only model-labelled) samples and the per-status request counts of /metrics
     (probes left out: /healthz is 503 while the server warms up)."""
     text = requests.get(s.url + "/metrics", timeout=30).text
     plain, by_status = {}, {}
     for line in text.splitlines():
-        m = re.match(r"^(dolphin_[a-z_]+) (\S+)$", line)
+        m = re.match(r'^(dolphin_[a-z_]+)(?:\{model="[^"]*"\})? (\S+)$', line)
         if m:
             plain[m.group(1)] = float(m.group(2))
         m = re.match(r'^dolphin_requests_total\{.*status="(\d+)".*\} (\S+)$', line)

@@ -37,10 +37,11 @@ def cached_of(r):
 
 
 def metric(srv, name):
+    """The one sample of a family (per-model ones carry a model label)."""
     text = requests.get(srv.url + "/metrics", timeout=30).text
     for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
+        if line.startswith(name + " ") or line.startswith(name + "{model="):
+            return float(line.split()[-1])
     raise AssertionError(f"{name} not in /metrics")
 
 

@@ -30,7 +30,8 @@ static const char *const KEYS[] = {
     "request_timeout_s", "memory_high_watermark", "kv_cache_tokens",
     "kv_cache_bytes", "kv_block_size", "prefix_caching", "prefill_chunk", "api_keys",
     "default_priority", "drain_timeout_s", "vram_unready_ratio",
-    "vram_unready_after_s", "log_level", "warmup",
+    "vram_unready_after_s", "log_level", "warmup", "max_loaded_models", "memory_budget_bytes",
+    "load_timeout_s", "load_retry_s",
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -176,6 +177,12 @@ static void test_default_file(void **state)
     }
     assert_string_equal(c.model, "../shared/models/stories260K");
     memset(c.model, 0, sizeof c.model);
+    /* the single model: is a one-entry list */
+    assert_int_equal(c.n_models, 1);
+    assert_true(c.models[0].implicit);
+    assert_string_equal(c.models[0].name, "stories260K");
+    memset(c.models, 0, sizeof c.models);
+    c.n_models = 0;
     assert_memory_equal(&c, &want, sizeof c);
 
     char *text = slurp(path);
@@ -858,6 +865,120 @@ static void test_log_lines(void **state)
     free(out);
 }
 
+/* ------------------------------------------------------------- models */
+
+static void test_models_list(void **state)
+{
+    (void)state;
+    char err[DOL_ERR_LEN];
+    dol_config c;
+    dol_config_defaults(&c);
+    assert_int_equal(c.max_loaded_models, 3);
+    assert_int_equal(c.memory_budget_bytes, 0);
+    int rc = dol_config_load_yaml(&c, yaml(
+        "models:\n"
+        "  - name: chat\n"
+        "    path: /m/llama-chat/\n"
+        "    pinned: true\n"
+        "    aliases: [gpt-4, default]\n"
+        "  - path: /m/code\n"
+        "    weights: nf4\n"
+        "    aliases: coder\n"
+        "  - name: small\n"
+        "    path: /m/small\n"
+        "    backend: cpu\n"
+        "    context_len: 256\n"
+        "max_loaded_models: 2\n"
+        "memory_budget_bytes: 2GiB\n"
+        "load_timeout_s: 60\n"
+        "weights: f16\n"), err, sizeof err);
+    if (rc) print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+    assert_int_equal(c.n_models, 3);
+    assert_int_equal(c.max_loaded_models, 2);
+    assert_int_equal(c.memory_budget_bytes, 2LL << 30);
+    assert_true(c.load_timeout_s == 60);
+    assert_string_equal(c.models[0].name, "chat");
+    assert_true(c.models[0].pinned);
+    assert_int_equal(c.models[0].n_aliases, 2);
+    assert_string_equal(c.models[0].aliases[1], "default");
+    /* a top-level key after the list still reaches the entries that leave it out */
+    assert_int_equal(c.models[0].weights, DOL_WEIGHTS_F16);
+    assert_string_equal(c.models[1].name, "code");   /* the path's last part */
+    assert_int_equal(c.models[1].weights, DOL_WEIGHTS_NF4);
+    assert_int_equal(c.models[1].n_aliases, 1);
+    assert_string_equal(c.models[1].aliases[0], "coder");
+    assert_false(c.models[1].pinned);
+    assert_int_equal(c.models[2].backend, DOL_BACKEND_CPU);
+    assert_int_equal(c.models[2].context_len, 256);
+    assert_int_equal(c.models[0].backend, DOL_BACKEND_AUTO);
+
+    /* a flag changes what the entries inherit, not what they set */
+    const char *args[] = {"--config", g_yaml, "--weights", "f32"};
+    assert_int_equal(parse_args(&c, err, args, 4), 0);
+    assert_int_equal(c.models[0].weights, DOL_WEIGHTS_F32);
+    assert_int_equal(c.models[1].weights, DOL_WEIGHTS_NF4);
+
+    /* --model alone: a one-entry list named after the directory */
+    assert_int_equal(parse_args(&c, err, ARGS("--model", "/x/y/tiny-llama2/", "--weights", "nf4")), 0);
+    assert_int_equal(c.n_models, 1);
+    assert_string_equal(c.models[0].name, "tiny-llama2");
+    assert_string_equal(c.models[0].path, "/x/y/tiny-llama2/");
+    assert_int_equal(c.models[0].weights, DOL_WEIGHTS_NF4);
+    assert_int_equal(parse_args(&c, err, ARGS("--model", "/x/a", "--served-model-name", "n")), 0);
+    assert_string_equal(c.models[0].name, "n");
+}
+
+/* A bad entry: one line naming the file, the entry and the field. */
+static void test_models_bad(void **state)
+{
+    (void)state;
+    static const struct { const char *text, *want; } cases[] = {
+        {"models:\n  - name: a\n    path: /p\n  - name: a\n    path: /q\n",
+         ":4: field models[1] 'a'.name: 'a' is already taken by models[0] 'a'"},
+        {"models:\n  - name: a\n    path: /p\n    aliases: [x]\n  - name: b\n    path: /q\n"
+         "    aliases: [y, x]\n",
+         "field models[1] 'b'.aliases: 'x' is already taken by models[0] 'a'"},
+        {"models:\n  - name: a\n    path: /p\n  - name: b\n    path: /q\n    aliases: a\n",
+         "field models[1] 'b'.aliases: 'a' is already taken by models[0] 'a'"},
+        {"models:\n  - name: a\n    aliases: [b, b]\n    path: /p\n",
+         "field models[0] 'a'.aliases: 'b' is already taken by models[0] 'a'"},
+        {"models:\n  - name: a\n    weights: nf4\n", ":2: field models[0] 'a'.path: missing"},
+        {"models:\n  - name: a\n    path: /p\n    colour: red\n",
+         ":4: field models[0] 'a'.colour: unknown key (want name, path"},
+        {"models:\n  - name: a\n    path: /p\n    weights: int3\n",
+         ":4: field models[0] 'a'.weights: not one of auto|f32|f16|nf4: int3"},
+        {"models:\n  - name: a\n    path: /p\n    pinned: maybe\n",
+         "field models[0] 'a'.pinned: not a boolean"},
+        {"models:\n  - name: a\n    path: /p\n    path: /q\n", "field models[0] 'a'.path: set twice"},
+        {"models: /p\n", "field models: expected a list of entries"},
+        {"models:\n  - /p\n", "field models[0]: expected a mapping"},
+        {"model: /p\nmodels:\n  - path: /q\n", ".yaml: field model (--model): not together with a models list"},
+        {"served_model_name: x\nmodels:\n  - path: /q\n", "field served_model_name: not together"},
+        {"max_loaded_models: 1\nmodels:\n  - {path: /a, pinned: true}\n  - {path: /b, pinned: true}\n",
+         "field max_loaded_models: 1, fewer than the 2 pinned models"},
+        {"max_loaded_models: 0\n", "field max_loaded_models: out of range"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[DOL_ERR_LEN] = "";
+        dol_config c;
+        dol_config_defaults(&c);
+        if (dol_config_load_yaml(&c, yaml(cases[i].text), err, sizeof err) == 0) {
+            print_error("case %zu accepted: %s\n", i, cases[i].text);
+            fail();
+        }
+        assert_contains(err, g_yaml[0] && cases[i].want[0] == ':' ? cases[i].want : cases[i].want);
+    }
+    /* --model beside a file's list */
+    char err[DOL_ERR_LEN];
+    dol_config c;
+    yaml("models:\n  - path: /q\n");
+    assert_int_equal(parse_args(&c, err, ARGS("--config", g_yaml, "--model", "/p")), -1);
+    assert_contains(err, "not together with a models list");
+    assert_int_equal(parse_args(&c, err, ARGS("--models", "x")), -1);
+    assert_contains(err, "flag --models: a list: set it in the config file");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -878,6 +999,8 @@ int main(void)
         cmocka_unit_test(test_flags_bad),
         cmocka_unit_test(test_help_and_version),
         cmocka_unit_test(test_help_lists_every_flag),
+        cmocka_unit_test(test_models_list),
+        cmocka_unit_test(test_models_bad),
         cmocka_unit_test(test_key_priority),
         cmocka_unit_test(test_log_quote),
         cmocka_unit_test(test_log_lines),
