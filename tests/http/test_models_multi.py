@@ -220,7 +220,8 @@ def test_loads_and_unloads_least_recently_used(multi):
 def test_model_in_use_is_never_unloaded(multi):
     """A long stream holds tiny while the two others take turns: each switch
     unloads the idle one, never tiny; the stream is the same as alone."""
-    body = {"model": "tiny", "prompt": "Hello", "max_tokens": 300, "ignore_eos": True,
+    # nearly the whole 1,024-token context: long enough for a loaded machine
+    body = {"model": "tiny", "prompt": "Hello", "max_tokens": 1000, "ignore_eos": True,
             "temperature": 0}
     alone = multi.complete(body).json()["choices"][0]["text"]
     out = {}
@@ -248,7 +249,8 @@ def test_model_in_use_is_never_unloaded(multi):
                 assert s["tiny"] == "loaded" and c["tiny"][1] == unloads, (s, c)
     finally:
         t.join(180)
-    assert switches >= 2, "the stream ended before the others took turns"
+    # one switch already needs an unload while tiny runs (two loaded at most)
+    assert switches >= 1, "the stream ended before the others took turns"
     assert out["status"] == 200
     events, done = out["events"]
     assert done and stream_texts(events) == [alone]
