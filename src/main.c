@@ -275,7 +275,18 @@ int main(int argc, char **argv)
     ep.quantize_lm_head = cfg.quantize_lm_head;
     ep.backend = cfg.backend;
     ep.gpu_memory_utilization = cfg.gpu_memory_utilization;
-    if (dol_engine_create(model, &ep, &engine, err, sizeof err) != 0) goto out;
+    ep.n_devices = cfg.devices.n;
+    memcpy(ep.devices, cfg.devices.v, sizeof ep.devices);
+    ep.n_layer_split = cfg.layer_split.n;
+    memcpy(ep.layer_split, cfg.layer_split.v, sizeof ep.layer_split);
+    ep.gpu_layers_set = cfg.gpu_layers >= 0;
+    ep.gpu_layers = cfg.gpu_layers;
+    ep.no_host_spill = !cfg.allow_host_spill;
+    int erc = dol_engine_create(model, &ep, &engine, err, sizeof err);
+    if (erc != 0) {
+        if (erc == -2) exit_code = 2; /* a placement setting at fault */
+        goto out;
+    }
     load_watch_stop(&watch);
     watching = false;
 

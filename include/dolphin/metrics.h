@@ -50,6 +50,9 @@ typedef struct {
 
 void dol_metrics_observe(dol_metrics *m, const dol_metrics_request *r);
 
+/* Most devices one scrape lists (the GPUs of a placement and the CPU). */
+#define DOL_METRICS_MAX_DEVICES 9
+
 /* Point-in-time values for one scrape. */
 typedef struct {
     const char *version;     /* build info labels */
@@ -65,6 +68,13 @@ typedef struct {
     int kv_blocks_cached;    /* unused blocks the prefix cache keeps */
     uint64_t prefix_cache_query_tokens, prefix_cache_hit_tokens;
     size_t device_memory_used, device_memory_total; /* bytes */
+    /* every device holding part of the model (layer placement), in order */
+    int n_devices;
+    struct {
+        const char *name;    /* "cuda:0", "cuda:1", "cpu" */
+        size_t used, total;  /* bytes (the CPU: its KV pool) */
+        int blocks;          /* transformer blocks held there */
+    } devices[DOL_METRICS_MAX_DEVICES];
     size_t weight_bytes;
     double gpu_utilization;  /* 0..1; < 0 when unknown (no NVML) */
     uint64_t steps;          /* forward steps so far */

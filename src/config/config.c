@@ -28,6 +28,7 @@ typedef enum {
     F_DOUBLE, /* double */
     F_BOOL,   /* bool: --name / --no-name */
     F_KEYS,   /* api_keys: YAML sequence of {key, priority}; flag KEY[:PRIO] */
+    F_LIST,   /* dol_int_list: YAML sequence of integers in [min, max], or "a,b,c" */
 } field_type;
 
 typedef struct {
@@ -107,6 +108,18 @@ static const field FIELDS[] = {
     { .name = "gpu_memory_utilization", .type = F_DOUBLE, AT(gpu_memory_utilization),
       .min = 0, .max = 1, .min_open = true, .def = "0.90", .metavar = "R",
       .help = "CUDA: share of device memory for weights, KV cache and workspaces" },
+    { .name = "devices", .type = F_LIST, AT(devices), .min = 0, .max = 63, .def = "",
+      .metavar = "LIST", .help = "CUDA devices for the model's blocks, in order (e.g. 0,1); "
+                                "empty = device 0" },
+    { .name = "layer_split", .type = F_LIST, AT(layer_split), .min = 1, .max = 100000, .def = "",
+      .metavar = "LIST", .help = "blocks per device, in the order of devices (e.g. 20,20); "
+                                "empty = proportional to each device's free memory" },
+    { .name = "gpu_layers", .type = F_INT, AT(gpu_layers), .min = -1, .max = 100000, .def = "-1",
+      .metavar = "N", .help = "the first N blocks on the GPU(s), the rest on the CPU; "
+                             "-1 = as many as fit" },
+    { .name = "allow_host_spill", .type = F_BOOL, AT(allow_host_spill), .def = "true",
+      .help = "when the model does not fit the GPU budget, run the blocks that do not fit "
+              "on the CPU (false: refuse to start)" },
     { .name = "weights", .type = F_ENUM, AT(weights), .choices = CHOICES("auto", "f32", "f16", "nf4"),
       .def = "auto", .help = "weight format; auto = f16 on CUDA, the checkpoint's own dtype (f32/f16/bf16) on the CPU" },
     { .name = "quantize_lm_head", .type = F_BOOL, AT(quantize_lm_head), .def = "true",
@@ -423,6 +436,31 @@ static int set_field(dol_config *c, const field *f, const char *val, char *prob,
         *(bool *)(void *)dst = b;
         return 0;
     }
+    case F_LIST: {
+        dol_int_list l = { 0 };
+        const char *q = val;
+        while (*q) {
+            char *end;
+            errno = 0;
+            long v = strtol(q, &end, 10);
+            if (end == q || errno == ERANGE || (*end && *end != ',')) {
+                dol_set_err(prob, plen, "not a list of integers (e.g. 0,1): %s", val);
+                return -1;
+            }
+            if (!in_range(f, (double)v)) {
+                dol_set_err(prob, plen, "entry out of range: %ld (%s)", v, range);
+                return -1;
+            }
+            if (l.n == DOL_MAX_DEVICES) {
+                dol_set_err(prob, plen, "more than %d entries: %s", DOL_MAX_DEVICES, val);
+                return -1;
+            }
+            l.v[l.n++] = (int)v;
+            q = *end ? end + 1 : end;
+        }
+        memcpy(dst, &l, sizeof l);
+        return 0;
+    }
     case F_KEYS: {
         /* KEY[:PRIORITY]: the text after the last ':' is the priority. */
         const char *colon = strrchr(val, ':');
@@ -615,6 +653,32 @@ static int apply_document(dol_config *c, yaml_document_t *doc, const char *path,
             if (load_api_keys(c, doc, v, path, err, errlen) < 0) return -1;
             continue;
         }
+        if (f->type == F_LIST && v->type == YAML_SEQUENCE_NODE) {
+            /* [0, 1]: the entries joined as "0,1" for set_field */
+            char joined[256] = "";
+            size_t o = 0;
+            for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
+                yaml_node_t *ent = yaml_document_get_node(doc, *it);
+                if (ent->type != YAML_SCALAR_NODE || has_nul(ent) || is_null(ent) ||
+                    strchr((const char *)ent->data.scalar.value, ',')) {
+                    dol_set_err(err, errlen, "%s:%zu: field %s: expected a list of integers", path,
+                                line_of(ent), name);
+                    return -1;
+                }
+                o += (size_t)snprintf(joined + o, o < sizeof joined ? sizeof joined - o : 0, "%s%s",
+                                      o ? "," : "", (const char *)ent->data.scalar.value);
+                if (o >= sizeof joined) {
+                    dol_set_err(err, errlen, "%s:%zu: field %s: too long a list", path, line_of(v), name);
+                    return -1;
+                }
+            }
+            char prob[DOL_ERR_LEN];
+            if (set_field(c, f, joined, prob, sizeof prob) < 0) {
+                dol_set_err(err, errlen, "%s:%zu: field %s: %s", path, line_of(v), name, prob);
+                return -1;
+            }
+            continue;
+        }
         if (v->type != YAML_SCALAR_NODE) {
             dol_set_err(err, errlen, "%s:%zu: field %s: expected a single value, got %s", path,
                         line_of(v), name, node_kind(v));
@@ -627,7 +691,7 @@ static int apply_document(dol_config *c, yaml_document_t *doc, const char *path,
         }
         const char *s = (const char *)v->data.scalar.value;
         if (is_null(v)) {
-            if (f->type != F_STR) {
+            if (f->type != F_STR && f->type != F_LIST) {
                 dol_set_err(err, errlen, "%s:%zu: field %s: missing value", path, line_of(v), name);
                 return -1;
             }

@@ -62,6 +62,12 @@ enum MHD_Result dol_http_metrics(dol_http_req *c)
     g.prefix_cache_hit_tokens = rd.st.prefix_cache_hit_tokens;
     g.device_memory_used = rd.st.mem_used_bytes;
     g.device_memory_total = rd.st.mem_total_bytes;
+    for (int i = 0; i < rd.st.n_devices && g.n_devices < DOL_METRICS_MAX_DEVICES; i++, g.n_devices++) {
+        g.devices[i].name = rd.st.devices[i].name;
+        g.devices[i].used = rd.st.devices[i].used;
+        g.devices[i].total = rd.st.devices[i].total;
+        g.devices[i].blocks = rd.st.devices[i].n_blocks;
+    }
     g.weight_bytes = rd.st.weight_bytes;
     g.gpu_utilization = rd.have_sched ? rd.st.gpu_utilization : -1.0;
     g.steps = rd.st.steps;

@@ -324,6 +324,21 @@ char *dol_metrics_render(dol_metrics *m, const dol_metrics_gauges *g, size_t *le
     gauge(&o, "dolphin_device_memory_total_bytes",
           "Device memory in all (CUDA: the whole device; CPU backend: the KV-cache pool).",
           (double)g->device_memory_total);
+    family(&o, "dolphin_device_memory_per_device_used_bytes", "gauge",
+           "Memory in use on each device holding part of the model (CUDA: the whole device; "
+           "cpu: its KV-cache pool).");
+    for (int i = 0; i < g->n_devices && i < DOL_METRICS_MAX_DEVICES; i++)
+        put(&o, "dolphin_device_memory_per_device_used_bytes{device=\"%s\"} %.17g\n", g->devices[i].name,
+            (double)g->devices[i].used);
+    family(&o, "dolphin_device_memory_per_device_total_bytes", "gauge",
+           "Memory in all on each device holding part of the model (CUDA: the whole device; "
+           "cpu: its KV-cache pool).");
+    for (int i = 0; i < g->n_devices && i < DOL_METRICS_MAX_DEVICES; i++)
+        put(&o, "dolphin_device_memory_per_device_total_bytes{device=\"%s\"} %.17g\n", g->devices[i].name,
+            (double)g->devices[i].total);
+    family(&o, "dolphin_device_blocks", "gauge", "Transformer blocks each device holds.");
+    for (int i = 0; i < g->n_devices && i < DOL_METRICS_MAX_DEVICES; i++)
+        put(&o, "dolphin_device_blocks{device=\"%s\"} %d\n", g->devices[i].name, g->devices[i].blocks);
     family(&o, "dolphin_gpu_utilization_ratio", "gauge",
            "Fraction of time a kernel ran on the GPU over NVML's last sample period "
            "(no sample without NVML).");
