@@ -173,14 +173,14 @@ int dol_placement_plan(const dol_model *m, const dol_engine_params *p, int ctx, 
     if (bad >= 0 && (explicit_split || explicit_g)) {
         const dol_placement_stage *s = &pl->st[bad];
         dol_set_err(err, errlen,
-                    "%s: cuda:%d cannot hold blocks %d..%d%s: it needs %.0f MiB (weights and workspaces "
-                    "%.0f MiB + KV cache of %lld blocks %.0f MiB), but gpu_memory_utilization %.2f of %.0f "
-                    "MiB leaves %.0f MiB: short by %.0f MiB",
+                    "%s: cuda:%d cannot hold blocks %d..%d%s: it needs %.1f MiB (weights and workspaces "
+                    "%.1f MiB + KV cache of %lld blocks %.1f MiB), but gpu_memory_utilization %.4g of %.0f "
+                    "MiB leaves %.1f MiB: short by %.0f bytes",
                     explicit_split ? "layer_split" : "gpu_layers", s->r.device, s->r.l0, s->r.l1 - 1,
                     s->r.head ? " and the head" : "", MIB(need),
                     MIB(dol_cuda_backend.range_bytes(m, p, ctx, bs, &s->r)), (long long)n_kv,
                     MIB(need - (double)dol_cuda_backend.range_bytes(m, p, ctx, bs, &s->r)), frac,
-                    MIB(s->total), MIB(s->avail), MIB(need - (double)s->avail));
+                    MIB(s->total), MIB(s->avail), need - (double)s->avail);
         return -2;
     }
     if (bad >= 0) {
@@ -214,8 +214,8 @@ int dol_placement_plan(const dol_model *m, const dol_engine_params *p, int ctx, 
             double one = range_need(m, p, ctx, bs, &(dol_layer_range){ 0, 1, true, true, devs[0] }, n_kv);
             dol_set_err(err, errlen,
                         "cuda: model %s does not fit: one block with the embedding and the head needs "
-                        "%.0f MiB on cuda:%d (KV cache of %lld blocks included), but "
-                        "gpu_memory_utilization %.2f of %.0f MiB leaves %.0f MiB: short by %.0f MiB",
+                        "%.1f MiB on cuda:%d (KV cache of %lld blocks included), but "
+                        "gpu_memory_utilization %.4g of %.0f MiB leaves %.1f MiB: short by %.1f MiB",
                         m->name, MIB(one), devs[0], (long long)n_kv, frac, MIB(pl->total[0]),
                         MIB(pl->avail[0]), MIB(one - (double)pl->avail[0]));
             return -1;
@@ -233,11 +233,11 @@ int dol_placement_plan(const dol_model *m, const dol_engine_params *p, int ctx, 
             make_ranges(&all, devs, prop, k, L, L);
             for (int i = 0; i < all.n; i++) whole += range_need(m, p, ctx, bs, &all.st[i].r, n_kv);
             dol_set_err(err, errlen,
-                        "allow_host_spill: false: model %s needs %.0f MiB on %d GPU%s (%d blocks, KV cache "
-                        "of %lld blocks), gpu_memory_utilization %.2f leaves %.0f MiB: only %d of %d blocks "
-                        "fit, short by %.0f MiB",
+                        "allow_host_spill: false: model %s needs %.1f MiB on %d GPU%s (%d blocks, KV cache "
+                        "of %lld blocks), gpu_memory_utilization %.4g leaves %.1f MiB: only %d of %d blocks "
+                        "fit, short by %.0f bytes; refusing to run the other %d on the CPU",
                         m->name, MIB(whole), k, k == 1 ? "" : "s", L, (long long)n_kv, frac, MIB(have), G, L,
-                        MIB(whole - have));
+                        whole - have, L - G);
             return -2;
         }
     }
