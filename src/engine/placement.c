@@ -145,9 +145,10 @@ int dol_placement_plan(const dol_model *m, const dol_engine_params *p, int ctx, 
             counts[i] = p->layer_split[i];
             G += counts[i];
         }
-        if (G > L || (explicit_g && G != p->gpu_layers)) {
-            dol_set_err(err, errlen, "layer_split: the counts add up to %d blocks, but the model has %d", G, L);
-            if (explicit_g && G <= L)
+        if ((!explicit_g && G != L) || (explicit_g && G != p->gpu_layers)) {
+            dol_set_err(err, errlen, "layer_split: the counts add up to %d blocks, but the model has %d "
+                        "(with gpu_layers: N they add up to N and the rest runs on the CPU)", G, L);
+            if (explicit_g)
                 dol_set_err(err, errlen, "layer_split: the counts add up to %d blocks, but gpu_layers is %d",
                             G, p->gpu_layers);
             return -2;
