@@ -338,6 +338,11 @@ static int placed_create(const dol_model *m, const dol_engine_params *p, int ctx
             return -1;
         }
         s->weight_bytes = ops_of(s)->weight_bytes(e->impl[i]);
+        /* a step reads the embedding row by row, every other weight whole */
+        s->step_read_bytes = s->weight_bytes;
+        if (s->r.embed && !(s->r.head && m->lm_head.data == m->embed.data))
+            s->step_read_bytes -= (size_t)(m->embed.rows * m->embed.cols) *
+                                  (s->cuda ? 2 : dol_dtype_size(m->embed.dtype));
         if (i > 0 && s->cuda && e->pl.st[i - 1].cuda)
             e->peer[i] = dol_cuda_peer_enable(s->r.device, e->pl.st[i - 1].r.device);
     }
@@ -351,7 +356,7 @@ static int placed_create(const dol_model *m, const dol_engine_params *p, int ctx
                 "budget_bytes=%zu step_read_bytes=%zu kv_read_bytes_per_context_token=%zu input=%s",
                 s->name, s->r.l0, s->r.l1 - 1, s->r.l1 - s->r.l0, s->r.embed ? 1 : 0, head ? 1 : 0,
                 s->weight_bytes, s->kv_block_bytes * (size_t)e->pl.n_blocks, s->cuda ? s->avail : 0,
-                s->weight_bytes, s->kv_block_bytes / (size_t)bs,
+                s->step_read_bytes, s->kv_block_bytes / (size_t)bs,
                 i == 0 ? "tokens" : e->peer[i] ? "peer" : "pinned_host");
     }
     dol_log(DOL_LOG_INFO, "placement_done",
@@ -466,7 +471,7 @@ int dol_placement_devices(void *impl, int kv_used_blocks, dol_device_memory *out
         d->head = i == e->pl.head_stage;
         d->weight_bytes = s->weight_bytes;
         d->kv_bytes = s->kv_block_bytes * (size_t)e->pl.n_blocks;
-        d->step_read_bytes = s->weight_bytes;
+        d->step_read_bytes = s->step_read_bytes;
         if (!s->cuda || dol_cuda_backend.memory_info(e->impl[i], &d->used, &d->total) != 0) {
             d->total = d->kv_bytes;
             d->used = s->kv_block_bytes * (size_t)kv_used_blocks;

@@ -18,6 +18,7 @@ typedef struct {
     size_t avail, total;       /* CUDA: the budget and the device's total, bytes */
     size_t kv_block_bytes;     /* one KV block of its layers */
     size_t weight_bytes;       /* as held, once created */
+    size_t step_read_bytes;    /* of those, what one decode step reads */
 } dol_placement_stage;
 
 typedef struct {
