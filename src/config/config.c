@@ -443,7 +443,7 @@ static int set_field(dol_config *c, const field *f, const char *val, char *prob,
             char *end;
             errno = 0;
             long v = strtol(q, &end, 10);
-            if (end == q || errno == ERANGE || (*end && *end != ',')) {
+            if (end == q || errno == ERANGE || (*end && *end != ',') || (*end == ',' && !end[1])) {
                 dol_set_err(prob, plen, "not a list of integers (e.g. 0,1): %s", val);
                 return -1;
             }
