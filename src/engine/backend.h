@@ -71,9 +71,10 @@ typedef struct {
                         const dol_layer_range *r, int *n_blocks, void **impl, char *err,
                         size_t errlen);
     /* Bytes create_range would allocate on the device for r, KV cache
-     * aside: weights as held plus workspaces. */
+     * aside: weights as held plus workspaces. SIZE_MAX, with the reason in
+     * err, when create_range would refuse the model or the settings. */
     size_t (*range_bytes)(const dol_model *m, const dol_engine_params *p, int ctx, int block_size,
-                          const dol_layer_range *r);
+                          const dol_layer_range *r, char *err, size_t errlen);
     /* Device memory Dolphin may use on `device`: gpu_memory_utilization of
      * its total, less what is in use and the runtime's reserve. NULL: no
      * limit (host memory). 0 / -1 with err. */

@@ -589,12 +589,12 @@ static int cuda_setup(cuda_engine *e, const dol_model *m, const dol_engine_param
 }
 
 static size_t cuda_range_bytes(const dol_model *m, const dol_engine_params *p, int ctx, int bs,
-                               const dol_layer_range *r)
+                               const dol_layer_range *r, char *err, size_t errlen)
 {
     cuda_engine *e = calloc(1, sizeof *e);
-    char err[DOL_ERR_LEN];
     size_t b = SIZE_MAX;
-    if (e && cuda_setup(e, m, p, ctx, bs, r, err, sizeof err) == 0)
+    if (!e) dol_set_err(err, errlen, "engine: out of memory");
+    else if (cuda_setup(e, m, p, ctx, bs, r, err, errlen) == 0)
         b = linear_weight_bytes(e, m) + workspace_bytes(e);
     free(e);
     return b;

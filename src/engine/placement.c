@@ -31,7 +31,7 @@ static size_t kv_block_bytes(const dol_model_config *c, int bs, int layers, int 
 static double range_need(const dol_model *m, const dol_engine_params *p, int ctx, int bs,
                          const dol_layer_range *r, int64_t n_kv)
 {
-    size_t fixed = dol_cuda_backend.range_bytes(m, p, ctx, bs, r);
+    size_t fixed = dol_cuda_backend.range_bytes(m, p, ctx, bs, r, NULL, 0);
     return (double)fixed + (double)n_kv * (double)kv_block_bytes(&m->cfg, bs, r->l1 - r->l0, 2);
 }
 
@@ -124,6 +124,8 @@ int dol_placement_plan(const dol_model *m, const dol_engine_params *p, int ctx, 
             return -1;
     }
     const int64_t n_kv = want > 0 ? want : max_blocks; /* the KV a range must leave room for */
+    const dol_layer_range whole = { 0, L, true, true, devs[0] };
+    if (dol_cuda_backend.range_bytes(m, p, ctx, bs, &whole, err, errlen) == SIZE_MAX) return -1;
 
     /* how many blocks go to the GPUs (G), and to which device */
     int counts[DOL_MAX_DEVICES] = { 0 };
@@ -179,8 +181,8 @@ int dol_placement_plan(const dol_model *m, const dol_engine_params *p, int ctx, 
                     "MiB leaves %.1f MiB: short by %.0f bytes",
                     explicit_split ? "layer_split" : "gpu_layers", s->r.device, s->r.l0, s->r.l1 - 1,
                     s->r.head ? " and the head" : "", MIB(need),
-                    MIB(dol_cuda_backend.range_bytes(m, p, ctx, bs, &s->r)), (long long)n_kv,
-                    MIB(need - (double)dol_cuda_backend.range_bytes(m, p, ctx, bs, &s->r)), frac,
+                    MIB(dol_cuda_backend.range_bytes(m, p, ctx, bs, &s->r, NULL, 0)), (long long)n_kv,
+                    MIB(need - (double)dol_cuda_backend.range_bytes(m, p, ctx, bs, &s->r, NULL, 0)), frac,
                     MIB(s->total), MIB(s->avail), need - (double)s->avail);
         return -2;
     }
@@ -253,7 +255,7 @@ int dol_placement_plan(const dol_model *m, const dol_engine_params *p, int ctx, 
             const int nl = s->r.l1 - s->r.l0;
             if (nl == 0) continue;
             if (s->cuda) {
-                double room = (double)s->avail - (double)dol_cuda_backend.range_bytes(m, p, ctx, bs, &s->r);
+                double room = (double)s->avail - (double)dol_cuda_backend.range_bytes(m, p, ctx, bs, &s->r, NULL, 0);
                 int64_t fit = (int64_t)(room / (double)kv_block_bytes(c, bs, nl, 2));
                 if (fit < blocks) blocks = fit;
             } else {

@@ -270,8 +270,8 @@ static double utilization_for(const dol_engine_params *p, int dev, int n)
     const int ctx = g_model->cfg.max_position_embeddings, bs = p->kv_block_size;
     const dol_layer_range rn = { 0, n, true, true, dev }, r1 = { 0, n + 1, true, true, dev };
     const double kv_layer = 2.0 * bs * g_model->cfg.n_kv_heads * g_model->cfg.head_dim * 2 * ((ctx + bs - 1) / bs);
-    const double need = (double)o->range_bytes(g_model, p, ctx, bs, &rn) + n * kv_layer;
-    const double next = (double)o->range_bytes(g_model, p, ctx, bs, &r1) + (n + 1) * kv_layer;
+    const double need = (double)o->range_bytes(g_model, p, ctx, bs, &rn, NULL, 0) + n * kv_layer;
+    const double next = (double)o->range_bytes(g_model, p, ctx, bs, &r1, NULL, 0) + (n + 1) * kv_layer;
     const double target = (need + next) / 2;
     return 1.0 - ((double)avail - target) / (double)total;
 }
