@@ -147,10 +147,10 @@ int dol_placement_plan(const dol_model *m, const dol_engine_params *p, int ctx, 
             counts[i] = p->layer_split[i];
             G += counts[i];
         }
-        if ((!explicit_g && G != L) || (explicit_g && G != p->gpu_layers)) {
+        if (G > L || (!explicit_g && G != L) || (explicit_g && G != p->gpu_layers)) {
             dol_set_err(err, errlen, "layer_split: the counts add up to %d blocks, but the model has %d "
                         "(with gpu_layers: N they add up to N and the rest runs on the CPU)", G, L);
-            if (explicit_g)
+            if (explicit_g && G <= L)
                 dol_set_err(err, errlen, "layer_split: the counts add up to %d blocks, but gpu_layers is %d",
                             G, p->gpu_layers);
             return -2;
@@ -281,8 +281,7 @@ typedef struct {
     dol_placement pl;
     void *impl[DOL_PLACEMENT_MAX_STAGES];
     bool peer[DOL_PLACEMENT_MAX_STAGES]; /* stage i reads stage i-1's device buffer */
-    float *h[2];                         /* the residual stream between stages */
-    bool pinned;
+    float *h[2];                         /* the residual stream between stages (pinned) */
     int d, block_size;
 } placed;
 
@@ -297,10 +296,7 @@ static void placed_destroy(void *impl)
     if (!e) return;
     for (int i = 0; i < e->pl.n; i++)
         if (e->impl[i]) ops_of(&e->pl.st[i])->destroy(e->impl[i]);
-    for (int b = 0; b < 2; b++) {
-        if (e->pinned) dol_cuda_host_free(e->h[b]);
-        else free(e->h[b]);
-    }
+    for (int b = 0; b < 2; b++) dol_cuda_host_free(e->h[b]);
     free(e);
 }
 
@@ -318,7 +314,6 @@ static int placed_create(const dol_model *m, const dol_engine_params *p, int ctx
     e->block_size = bs;
     const size_t hbytes = sizeof(float) * (size_t)m->cfg.hidden_size *
                           (size_t)(p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048);
-    e->pinned = true;
     for (int b = 0; b < 2; b++) {
         e->h[b] = dol_cuda_host_alloc(hbytes);
         if (!e->h[b]) {
