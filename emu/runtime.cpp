@@ -626,6 +626,54 @@ extern "C" cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *s
     LOCK;
     return copy2d(dst, dpitch, src, spitch, width, height, kind, stream, false, "cudaMemcpy2DAsync");
 }
+/* Peer access: every pair of distinct virtual devices may map each other's
+ * memory unless DOLPHIN_CUDA_EMU_PEER=0 (then copies between devices must go
+ * through the host). A peer copy is queued on a stream of the destination
+ * device and, as on a GPU, does not wait for the source device's streams:
+ * a copy of data not yet written there reads stale bytes. */
+static bool peer_allowed(void)
+{
+    const char *e = getenv("DOLPHIN_CUDA_EMU_PEER");
+    return !(e && strcmp(e, "0") == 0);
+}
+extern "C" cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer)
+{
+    LOCK;
+    const int n = st().n_dev;
+    if (device < 0 || device >= n || peer < 0 || peer >= n) return set_error(cudaErrorInvalidDevice);
+    *can = device != peer && peer_allowed();
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags)
+{
+    LOCK;
+    (void)flags;
+    if (peer < 0 || peer >= st().n_dev || peer == t_dev || !peer_allowed())
+        return set_error(cudaErrorInvalidDevice);
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src_dev, size_t count,
+                                           cudaStream_t stream)
+{
+    LOCK;
+    const alloc_info *d = find_alloc(dst), *sa = find_alloc(src);
+    if (!d || d->kind != MEM_DEVICE || d->device != dst_dev || !sa || sa->kind != MEM_DEVICE ||
+        sa->device != src_dev) {
+        report("cudaMemcpyPeerAsync: %p is not device %d memory or %p is not device %d memory", dst, dst_dev,
+               src, src_dev);
+        return set_error(cudaErrorInvalidValue);
+    }
+    cudaStream_t s = resolve_stream(stream);
+    if (!s || s->device != dst_dev) {
+        report("cudaMemcpyPeerAsync: the stream is not one of device %d", dst_dev);
+        return set_error(cudaErrorInvalidResourceHandle);
+    }
+    if (!check_device_range(dst, count, "cudaMemcpyPeerAsync destination") ||
+        !check_device_range(src, count, "cudaMemcpyPeerAsync source"))
+        return set_error(cudaErrorInvalidValue);
+    return set_error(enqueue(s, "cudaMemcpyPeerAsync", [=]() { memmove(dst, src, count); }));
+}
+
 /* Asynchronous with respect to the host for device memory, as documented. */
 extern "C" cudaError_t cudaMemset(void *p, int value, size_t count) { LOCK; return memset_impl(p, value, count, 0, "cudaMemset"); }
 extern "C" cudaError_t cudaMemsetAsync(void *p, int value, size_t count, cudaStream_t stream)

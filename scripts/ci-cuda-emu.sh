@@ -6,7 +6,8 @@
 #      the emulation's own checks);
 #   2. the same again with every block's threads in reverse order;
 #   3. the HTTP golden, streaming and batch-invariance tests against
-#      `dolphind --backend cuda` from that build;
+#      `dolphind --backend cuda` from that build, and the layer-placement
+#      tests (two virtual devices, the CPU, exit statuses);
 #   4. the mutation check (scripts/cuda-emu-mutants.py): known defects
 #      injected into copies of the kernels and of cuda_engine.c, each of
 #      which the suite must catch; prints the table.
@@ -22,7 +23,8 @@ stamp() { echo "   ($(( SECONDS - t_start )) s so far)"; }
 
 echo "== build (CUDA emulation, ASan + UBSan, $B)"
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Debug -DDOLPHIN_SANITIZE=ON -DDOLPHIN_CUDA=EMU >/dev/null
-cmake --build "$B" -j"$JOBS" --target dolphind test_cuda_kernels test_cuda_nf4 test_cuda_engine test_cuda_emu
+cmake --build "$B" -j"$JOBS" --target dolphind test_cuda_kernels test_cuda_nf4 test_cuda_engine test_cuda_emu \
+  test_cuda_placement
 stamp
 
 echo "== CUDA tests under the emulation (ctest -L cuda, threads in forward order)"
@@ -30,9 +32,9 @@ ASAN_OPTIONS=detect_leaks=1 DOLPHIN_CUDA_EMU_ORDER=forward \
   ctest --test-dir "$B" --output-on-failure --no-tests=error -j"$JOBS" -L cuda
 stamp
 
-echo "== CUDA tests under the emulation (threads in reverse order)"
+echo "== CUDA tests under the emulation (threads in reverse order; placement adds no kernel: once is enough)"
 ASAN_OPTIONS=detect_leaks=1 DOLPHIN_CUDA_EMU_ORDER=reverse \
-  ctest --test-dir "$B" --output-on-failure --no-tests=error -j"$JOBS" -L cuda
+  ctest --test-dir "$B" --output-on-failure --no-tests=error -j"$JOBS" -L cuda -E test_cuda_placement
 stamp
 
 echo "== HTTP tests against dolphind --backend cuda (emulated, ASan + UBSan)"
@@ -45,6 +47,11 @@ chmod +x "$B/dolphind-cuda"
 DOLPHIN_BIN="$PWD/$B/dolphind-cuda" ASAN_OPTIONS=detect_leaks=1 "$PWD/.venv/bin/python" -m pytest \
   tests/http/test_golden.py tests/http/test_api_streaming.py \
   "tests/http/test_scheduler.py::test_batch_invariance" -q -p no:cacheprovider
+stamp
+
+echo "== layer placement over HTTP (two virtual devices and the CPU)"
+DOLPHIN_TEST_PLACEMENT=1 DOLPHIN_BIN="$PWD/$B/dolphind-cuda" ASAN_OPTIONS=detect_leaks=1 "$PWD/.venv/bin/python" \
+  -m pytest tests/http/test_placement.py -q -p no:cacheprovider
 stamp
 
 if [ "${CUDA_EMU_SKIP_MUTANTS:-0}" != 1 ]; then

@@ -22,6 +22,12 @@ extern "C" {
 #define DOL_VERSION "0.1.0"
 #endif
 
+/* A short list of integers (devices, layer_split): YAML [0, 1] or "0,1". */
+typedef struct {
+    int n;
+    int v[DOL_MAX_DEVICES];
+} dol_int_list;
+
 typedef struct {
     char key[128];
     int priority;
@@ -47,6 +53,10 @@ typedef struct {
     dol_backend_kind backend;
     double gpu_memory_utilization;
     int context_len;
+    dol_int_list devices;            /* layer placement, as the top-level keys */
+    dol_int_list layer_split;
+    int gpu_layers;
+    bool allow_host_spill;
     unsigned set_mask;               /* bit i: MODEL_FIELDS[i] set by the entry */
     bool implicit;                   /* made from the single model: / --model */
 } dol_model_entry;
@@ -85,6 +95,11 @@ typedef struct {
     dol_backend_kind backend;    /* auto | cpu | cuda (default auto) */
     double gpu_memory_utilization; /* CUDA: share of device memory for weights,
                                     KV cache and workspaces (default 0.90) */
+    /* layer placement (docs/configuration.md, "Layer placement") */
+    dol_int_list devices;        /* CUDA device ids; default empty = device 0 */
+    dol_int_list layer_split;    /* blocks per device; default empty = automatic */
+    int gpu_layers;              /* first N blocks on the GPU(s); default -1 = automatic */
+    bool allow_host_spill;       /* default true: blocks that do not fit go to the CPU */
     dol_weight_format weights;   /* auto | f32 | f16 | nf4 (default auto) */
     bool quantize_lm_head;       /* weights nf4: quantize lm_head too (default true) */
     int context_len;             /* 0 = max_position_embeddings */

@@ -46,6 +46,9 @@ typedef enum {
     DOL_BACKEND_CUDA,
 } dol_backend_kind;
 
+/* Most CUDA devices one engine spreads a model over. */
+#define DOL_MAX_DEVICES 8
+
 typedef struct {
     dol_backend_kind backend;
     double gpu_memory_utilization; /* CUDA: share of device memory Dolphin may
@@ -71,13 +74,27 @@ typedef struct {
                                  usual choice; false keeps it as AUTO would:
                                  the checkpoint's F32/F16/BF16). Other
                                  formats ignore it. Note that {0} means false. */
+    /* Layer placement (CUDA; docs/architecture.md "Layer placement"): the
+     * transformer blocks in contiguous ranges, device by device, then the
+     * CPU. {0}: device 0, every block that fits there, the rest on the CPU. */
+    int n_devices;            /* entries of devices; 0 = device 0 alone */
+    int devices[DOL_MAX_DEVICES];     /* CUDA device ids, in pipeline order */
+    int n_layer_split;        /* entries of layer_split (= n_devices); 0 = automatic */
+    int layer_split[DOL_MAX_DEVICES]; /* blocks per device, each >= 1 */
+    bool gpu_layers_set;      /* gpu_layers is given */
+    int gpu_layers;           /* the first N blocks on the GPU(s), the rest on the CPU */
+    bool no_host_spill;       /* refuse to start rather than put blocks on the
+                                 CPU that were not asked there ({0}: spill) */
 } dol_engine_params;
 
 typedef struct dol_engine dol_engine;
 
 /* Build an engine over a loaded model (the model must outlive the engine).
  * Allocates the KV pool and workspaces up front. -1 with one line in err
- * (e.g. the KV pool does not fit in memory). */
+ * (e.g. the KV pool does not fit in memory); -2 when a setting is at fault
+ * and no run could succeed with it (an impossible layer_split or
+ * gpu_layers, an unknown device, a spill refused by no_host_spill): the
+ * line names the device and the bytes. */
 int dol_engine_create(const dol_model *model, const dol_engine_params *p,
                       dol_engine **out, char *err, size_t errlen);
 void dol_engine_free(dol_engine *e);
@@ -91,6 +108,23 @@ const char *dol_engine_cpu_kernels(void);
 /* Device memory of the backend in bytes (CUDA: cudaMemGetInfo; CPU: the KV
  * pool, so readiness logic is testable without a GPU). 0 / -1. */
 int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total);
+/* Memory of one device the engine uses. */
+typedef struct {
+    char name[16];            /* "cuda:0", "cuda:1", "cpu" */
+    int first_block, n_blocks;  /* the transformer blocks held there */
+    bool embed, head;         /* holds the embedding; the final norm + lm_head */
+    size_t used, total;       /* CUDA: the whole device (cudaMemGetInfo); CPU: the
+                                 KV pool in use and in all */
+    size_t weight_bytes;      /* weights held there */
+    size_t kv_bytes;          /* its KV cache (every block of the pool, its layers) */
+    size_t step_read_bytes;   /* bytes read per decode step of one sequence,
+                                 KV aside: the weights of its blocks and head */
+} dol_device_memory;
+
+/* The devices of the engine, in pipeline order: one entry per device that
+ * holds part of the model. Fills at most max entries; returns the count. */
+int dol_engine_devices(const dol_engine *e, dol_device_memory *out, int max);
+
 /* The share of time (0..1) over NVML's last sample period during which a
  * kernel ran on the GPU of the CUDA backend; -1 when unknown (no NVML, the
  * CPU backend, or a build without CUDA). Thread-safe. */

@@ -53,6 +53,16 @@ typedef struct {
 
 void dol_metrics_observe(dol_metrics *m, const dol_metrics_request *r);
 
+/* Most devices one model lists (the GPUs of a placement and the CPU). */
+#define DOL_METRICS_MAX_DEVICES 9
+
+/* One device holding part of a model (layer placement), in order. */
+typedef struct {
+    const char *name;        /* "cuda:0", "cuda:1", "cpu" */
+    size_t used, total;      /* bytes (the CPU: its KV pool) */
+    int blocks;              /* transformer blocks held there */
+} dol_metrics_device;
+
 /* One configured model at scrape time: its scheduler's figures (when
  * loaded) and its load / unload counters. Rendered with a `model` label. */
 typedef struct {
@@ -67,6 +77,8 @@ typedef struct {
     double heartbeat_age_s;
     uint64_t loads, load_failures, unloads;
     double load_seconds_total, last_load_s;
+    int n_devices;           /* the devices holding it, when loaded */
+    dol_metrics_device devices[DOL_METRICS_MAX_DEVICES];
 } dol_metrics_model;
 
 /* Point-in-time values for one scrape. With n_models > 0 the per-model
@@ -90,6 +102,10 @@ typedef struct {
     int kv_blocks_cached;    /* unused blocks the prefix cache keeps */
     uint64_t prefix_cache_query_tokens, prefix_cache_hit_tokens;
     size_t device_memory_used, device_memory_total; /* bytes */
+    /* every device holding part of the model (layer placement), in order;
+     * like the gauges above, used only when n_models is 0 */
+    int n_devices;
+    dol_metrics_device devices[DOL_METRICS_MAX_DEVICES];
     size_t weight_bytes;
     double gpu_utilization;  /* 0..1; < 0 when unknown (no NVML) */
     uint64_t steps;          /* forward steps so far */

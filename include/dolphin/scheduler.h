@@ -201,6 +201,10 @@ typedef struct {
      * CPU: the KV pool stands in), sampled after each admission round and on
      * idle ticks: the figure the readiness probe and /metrics report. */
     size_t mem_used_bytes, mem_total_bytes;
+    /* the same per device holding part of the model (dol_engine_devices),
+     * in pipeline order; mem_* above is the one nearest to full */
+    int n_devices;
+    dol_device_memory devices[DOL_MAX_DEVICES + 1];
     size_t weight_bytes;     /* resident weights (dol_engine_weight_bytes) */
     double gpu_utilization;  /* dol_engine_gpu_utilization at the last memory
                                 sample: 0..1, or -1 when unknown */

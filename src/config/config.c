@@ -30,6 +30,7 @@ typedef enum {
     F_KEYS,   /* api_keys: YAML sequence of {key, priority}; flag KEY[:PRIO] */
     F_MODELS, /* models: YAML sequence of entries (MODEL_FIELDS); no flag */
     F_ALIASES,/* an entry's aliases: a name or a sequence of names */
+    F_LIST,   /* dol_int_list: YAML sequence of integers in [min, max], or "a,b,c" */
 } field_type;
 
 typedef struct {
@@ -133,6 +134,18 @@ static const field FIELDS[] = {
     { .name = "gpu_memory_utilization", .type = F_DOUBLE, AT(gpu_memory_utilization),
       .min = 0, .max = 1, .min_open = true, .def = "0.90", .metavar = "R",
       .help = "CUDA: share of device memory for weights, KV cache and workspaces" },
+    { .name = "devices", .type = F_LIST, AT(devices), .min = 0, .max = 63, .def = "",
+      .metavar = "LIST", .help = "CUDA devices for the model's blocks, in order (e.g. 0,1); "
+                                "empty = device 0" },
+    { .name = "layer_split", .type = F_LIST, AT(layer_split), .min = 1, .max = 100000, .def = "",
+      .metavar = "LIST", .help = "blocks per device, in the order of devices (e.g. 20,20); "
+                                "empty = proportional to each device's free memory" },
+    { .name = "gpu_layers", .type = F_INT, AT(gpu_layers), .min = -1, .max = 100000, .def = "-1",
+      .metavar = "N", .help = "the first N blocks on the GPU(s), the rest on the CPU; "
+                             "-1 = as many as fit" },
+    { .name = "allow_host_spill", .type = F_BOOL, AT(allow_host_spill), .def = "true",
+      .help = "when the model does not fit the GPU budget, run the blocks that do not fit "
+              "on the CPU (false: refuse to start)" },
     { .name = "weights", .type = F_ENUM, AT(weights), .choices = CHOICES("auto", "f32", "f16", "nf4"),
       .def = "auto", .help = "weight format; auto = f16 on CUDA, the checkpoint's own dtype (f32/f16/bf16) on the CPU" },
     { .name = "quantize_lm_head", .type = F_BOOL, AT(quantize_lm_head), .def = "true",
@@ -220,6 +233,10 @@ static const field MODEL_FIELDS[] = {
     { .name = "gpu_memory_utilization", .type = F_DOUBLE, MAT(gpu_memory_utilization),
       .min = 0, .max = 1, .min_open = true, .def = "0.90" },
     { .name = "context_len", .type = F_INT, MAT(context_len), .min = 0, .max = NONE, .def = "0" },
+    { .name = "devices", .type = F_LIST, MAT(devices), .min = 0, .max = 63, .def = "" },
+    { .name = "layer_split", .type = F_LIST, MAT(layer_split), .min = 1, .max = 100000, .def = "" },
+    { .name = "gpu_layers", .type = F_INT, MAT(gpu_layers), .min = -1, .max = 100000, .def = "-1" },
+    { .name = "allow_host_spill", .type = F_BOOL, MAT(allow_host_spill), .def = "true" },
 };
 #define N_MODEL_FIELDS (sizeof MODEL_FIELDS / sizeof MODEL_FIELDS[0])
 /* The inherited keys: entry field -> the dol_config member it defaults to. */
@@ -229,6 +246,10 @@ static const struct { const char *name; size_t top; } INHERITED[] = {
     { "backend", offsetof(dol_config, backend) },
     { "gpu_memory_utilization", offsetof(dol_config, gpu_memory_utilization) },
     { "context_len", offsetof(dol_config, context_len) },
+    { "devices", offsetof(dol_config, devices) },
+    { "layer_split", offsetof(dol_config, layer_split) },
+    { "gpu_layers", offsetof(dol_config, gpu_layers) },
+    { "allow_host_spill", offsetof(dol_config, allow_host_spill) },
 };
 
 /* F_ENUM fields hold an int; their `choices` list the enum's values in order. */
@@ -477,6 +498,31 @@ static int set_field(void *base, const field *f, const char *val, char *prob, si
         *(bool *)(void *)dst = b;
         return 0;
     }
+    case F_LIST: {
+        dol_int_list l = { 0 };
+        const char *q = val;
+        while (*q) {
+            char *end;
+            errno = 0;
+            long v = strtol(q, &end, 10);
+            if (end == q || errno == ERANGE || (*end && *end != ',') || (*end == ',' && !end[1])) {
+                dol_set_err(prob, plen, "not a list of integers (e.g. 0,1): %s", val);
+                return -1;
+            }
+            if (!in_range(f, (double)v)) {
+                dol_set_err(prob, plen, "entry out of range: %ld (%s)", v, range);
+                return -1;
+            }
+            if (l.n == DOL_MAX_DEVICES) {
+                dol_set_err(prob, plen, "more than %d entries: %s", DOL_MAX_DEVICES, val);
+                return -1;
+            }
+            l.v[l.n++] = (int)v;
+            q = *end ? end + 1 : end;
+        }
+        memcpy(dst, &l, sizeof l);
+        return 0;
+    }
     case F_KEYS: {
         /* KEY[:PRIORITY]: the text after the last ':' is the priority. */
         const char *colon = strrchr(val, ':');
@@ -698,6 +744,30 @@ static int load_aliases(dol_model_entry *e, yaml_document_t *doc, yaml_node_t *v
 
 /* models: [ {name, path, aliases, pinned, weights, ...}, ... ] — replaces
  * the list. Names and aliases are unique across the list. */
+/* A YAML sequence of integers ([0, 1]) as the text set_field takes for an
+ * F_LIST ("0,1"). -1 with the problem in prob. */
+static int join_int_seq(yaml_document_t *doc, yaml_node_t *v, char *out, size_t n, char *prob,
+                        size_t probn)
+{
+    size_t o = 0;
+    out[0] = '\0';
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
+        yaml_node_t *ent = yaml_document_get_node(doc, *it);
+        if (ent->type != YAML_SCALAR_NODE || has_nul(ent) || is_null(ent) ||
+            strchr((const char *)ent->data.scalar.value, ',')) {
+            dol_set_err(prob, probn, "expected a list of integers");
+            return -1;
+        }
+        o += (size_t)snprintf(out + o, o < n ? n - o : 0, "%s%s", o ? "," : "",
+                              (const char *)ent->data.scalar.value);
+        if (o >= n) {
+            dol_set_err(prob, probn, "too long a list");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int load_models(dol_config *c, yaml_document_t *doc, yaml_node_t *val,
                        const char *path, char *err, size_t errlen)
 {
@@ -772,7 +842,18 @@ static int load_models(dol_config *c, yaml_document_t *doc, yaml_node_t *val,
                 if (load_aliases(e, doc, v, path, label, err, errlen) < 0) return -1;
                 continue;
             }
-            if (v->type != YAML_SCALAR_NODE || has_nul(v) || (is_null(v) && f->type != F_STR)) {
+            if (f->type == F_LIST && v->type == YAML_SEQUENCE_NODE) {
+                char joined[256], prob[DOL_ERR_LEN];
+                if (join_int_seq(doc, v, joined, sizeof joined, prob, sizeof prob) < 0 ||
+                    set_field(e, f, joined, prob, sizeof prob) < 0) {
+                    dol_set_err(err, errlen, "%s:%zu: field %s.%s: %s", path, line_of(v), label,
+                                kname, prob);
+                    return -1;
+                }
+                continue;
+            }
+            if (v->type != YAML_SCALAR_NODE || has_nul(v) ||
+                (is_null(v) && f->type != F_STR && f->type != F_LIST)) {
                 dol_set_err(err, errlen, "%s:%zu: field %s.%s: expected a single value", path,
                             line_of(v), label, kname);
                 return -1;
@@ -921,6 +1002,15 @@ static int apply_document(dol_config *c, yaml_document_t *doc, const char *path,
             if (load_models(c, doc, v, path, err, errlen) < 0) return -1;
             continue;
         }
+        if (f->type == F_LIST && v->type == YAML_SEQUENCE_NODE) {
+            char joined[256], prob[DOL_ERR_LEN];
+            if (join_int_seq(doc, v, joined, sizeof joined, prob, sizeof prob) < 0 ||
+                set_field(c, f, joined, prob, sizeof prob) < 0) {
+                dol_set_err(err, errlen, "%s:%zu: field %s: %s", path, line_of(v), name, prob);
+                return -1;
+            }
+            continue;
+        }
         if (v->type != YAML_SCALAR_NODE) {
             dol_set_err(err, errlen, "%s:%zu: field %s: expected a single value, got %s", path,
                         line_of(v), name, node_kind(v));
@@ -933,7 +1023,7 @@ static int apply_document(dol_config *c, yaml_document_t *doc, const char *path,
         }
         const char *s = (const char *)v->data.scalar.value;
         if (is_null(v)) {
-            if (f->type != F_STR) {
+            if (f->type != F_STR && f->type != F_LIST) {
                 dol_set_err(err, errlen, "%s:%zu: field %s: missing value", path, line_of(v), name);
                 return -1;
             }

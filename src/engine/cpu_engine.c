@@ -40,7 +40,9 @@ typedef struct {
 
 typedef struct {
     const dol_model *model;
-    dol_model_config c;
+    dol_model_config c;       /* c.n_layers: the blocks this instance holds */
+    int l0;                   /* model index of block 0 here (layer placement) */
+    bool has_embed, has_head; /* the embedding; the final norm + lm_head */
     int q_dim, kv_dim, ctx;
     dol_pool *pool;
 
@@ -202,13 +204,18 @@ static void *xcalloc(size_t n, size_t sz, int *fail)
 
 static void cpu_destroy(void *impl);
 
-static int cpu_create(const dol_model *model, const dol_engine_params *p, int ctx,
-                      int bs, int *n_blocks, void **out, char *err, size_t errlen)
+static int cpu_create_range(const dol_model *model, const dol_engine_params *p, int ctx, int bs,
+                            const dol_layer_range *r, int *n_blocks, void **out, char *err,
+                            size_t errlen)
 {
     cpu_engine *e = calloc(1, sizeof *e);
     if (!e) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
     e->model = model;
     e->c = model->cfg;
+    e->c.n_layers = r->l1 - r->l0;
+    e->l0 = r->l0;
+    e->has_embed = r->embed;
+    e->has_head = r->head;
     const dol_model_config *c = &e->c;
     e->q_dim = c->n_heads * c->head_dim;
     e->kv_dim = c->n_kv_heads * c->head_dim;
@@ -225,7 +232,7 @@ static int cpu_create(const dol_model *model, const dol_engine_params *p, int ct
     e->L = calloc((size_t)c->n_layers, sizeof *e->L);
     if (!e->L) goto oom;
     for (int l = 0; l < c->n_layers; l++) {
-        const dol_layer_weights *w = &model->layers[l];
+        const dol_layer_weights *w = &model->layers[e->l0 + l];
         layer_w *lw = &e->L[l];
         if (!(lw->attn_norm = norm_f32(e, &w->attn_norm))) goto oom;
         if (!(lw->ffn_norm = norm_f32(e, &w->ffn_norm))) goto oom;
@@ -237,17 +244,21 @@ static int cpu_create(const dol_model *model, const dol_engine_params *p, int ct
         };
         for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) {
             char what[96];
-            snprintf(what, sizeof what, "model.layers.%d.%s.weight", l, lin[i].name);
+            snprintf(what, sizeof what, "model.layers.%d.%s.weight", e->l0 + l, lin[i].name);
             if (prep_linear(e, p->weights, lin[i].src, lin[i].dst, what, err, errlen)) goto fail;
         }
     }
-    if (!(e->final_norm = norm_f32(e, &model->final_norm))) goto oom;
-    dol_weight_format head_fmt = p->weights;
-    if (head_fmt == DOL_WEIGHTS_NF4 && !p->quantize_lm_head) head_fmt = DOL_WEIGHTS_AUTO;
-    if (prep_linear(e, head_fmt, &model->lm_head, &e->lm_head, "lm_head.weight", err, errlen))
-        goto fail;
-    e->embed = model->embed; /* read row by row in its own dtype */
-    e->weight_bytes += (size_t)(model->embed.rows * model->embed.cols) * dol_dtype_size(model->embed.dtype);
+    if (e->has_head) {
+        if (!(e->final_norm = norm_f32(e, &model->final_norm))) goto oom;
+        dol_weight_format head_fmt = p->weights;
+        if (head_fmt == DOL_WEIGHTS_NF4 && !p->quantize_lm_head) head_fmt = DOL_WEIGHTS_AUTO;
+        if (prep_linear(e, head_fmt, &model->lm_head, &e->lm_head, "lm_head.weight", err, errlen))
+            goto fail;
+    }
+    if (e->has_embed) {
+        e->embed = model->embed; /* read row by row in its own dtype */
+        e->weight_bytes += (size_t)(model->embed.rows * model->embed.cols) * dol_dtype_size(model->embed.dtype);
+    }
 
     /* KV pool: as asked, else enough for max_seqs full contexts capped at 1 GiB */
     size_t per_token = (size_t)c->n_layers * 2 * e->kv_dim * sizeof(float);
@@ -314,6 +325,13 @@ oom:
 fail:
     cpu_destroy(e);
     return -1;
+}
+
+static int cpu_create(const dol_model *model, const dol_engine_params *p, int ctx, int bs,
+                      int *n_blocks, void **out, char *err, size_t errlen)
+{
+    const dol_layer_range whole = { 0, model->cfg.n_layers, true, true, 0 };
+    return cpu_create_range(model, p, ctx, bs, &whole, n_blocks, out, err, errlen);
 }
 
 static void cpu_destroy(void *impl)
@@ -613,8 +631,11 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
     e->tok_pos = a->tok_pos;
     plan_runs(e, T);
 
-    /* Embedding */
-    for (int t = 0; t < T; t++) dol_cpu_embed_row(e->x + (size_t)t * d, &e->embed, e->tok_id[t]);
+    /* Embedding, or the residual stream the previous range left */
+    if (e->has_embed)
+        for (int t = 0; t < T; t++) dol_cpu_embed_row(e->x + (size_t)t * d, &e->embed, e->tok_id[t]);
+    else
+        memcpy(e->x, a->h_in, sizeof(float) * (size_t)T * d);
 
     for (int l = 0; l < c->n_layers; l++) {
         layer_w *w = &e->L[l];
@@ -644,6 +665,11 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
         const dol_cpu_weight wg = weight_of(&w->gate), wu = weight_of(&w->up), wd = weight_of(&w->down);
         dol_cpu_swiglu(e->pool, e->hb, e->hb2, e->xb, T, d, &wg, &wu);
         dol_cpu_matmul_add(e->pool, e->x, e->xb, e->hb, T, f, &wd);
+    }
+
+    if (!e->has_head) { /* the next range continues from here */
+        memcpy(a->h_out, e->x, sizeof(float) * (size_t)T * d);
+        return 0;
     }
 
     /* Final norm and logits, only for the rows that want them. Rows of all
@@ -682,4 +708,5 @@ const dol_backend_ops dol_cpu_backend = {
     .quant_stats = cpu_quant_stats,
     .kv_bytes_per_token = cpu_kv_bytes_per_token,
     .memory_info = cpu_memory_info,
+    .create_range = cpu_create_range,
 };

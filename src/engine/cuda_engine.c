@@ -89,7 +89,10 @@ typedef struct {
 } cu_layer;
 
 typedef struct {
-    dol_model_config c;
+    dol_model_config c;          /* c.n_layers: the blocks this instance holds */
+    int l0;                      /* model index of block 0 here (layer placement) */
+    bool has_embed, has_head;    /* the embedding; the final norm + lm_head */
+    bool head_at_end;            /* the head follows this instance's last block */
     int dev;
     int d, f, q_dim, kv_dim, qkv_dim, hd, V, ctx;
     int max_T, max_items, logit_chunk;
@@ -320,7 +323,7 @@ static size_t held_bytes(size_t rows, size_t cols, bool nf4)
 /* Every weight as held on the device; fills the size fields of e->qs. */
 static size_t linear_weight_bytes(cuda_engine *e, const dol_model *m)
 {
-    const dol_model_config *c = &m->cfg;
+    const dol_model_config *c = &e->c;
     const size_t d = (size_t)c->hidden_size, f = (size_t)c->intermediate_size;
     const size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
     const size_t V = (size_t)c->vocab_size;
@@ -331,13 +334,13 @@ static size_t linear_weight_bytes(cuda_engine *e, const dol_model *m)
         per_layer_f16 += held_bytes(shapes[i][0], shapes[i][1], false);
     }
     const bool tied = m->lm_head.data == m->embed.data;
-    const size_t head = held_bytes(V, d, e->nf4_head);
+    const size_t head = e->has_head ? held_bytes(V, d, e->nf4_head) : 0;
     e->qs.linear_bytes = (per_layer - 2 * d * sizeof(float)) * (size_t)c->n_layers + head;
-    e->qs.linear_f16_bytes = per_layer_f16 * (size_t)c->n_layers + held_bytes(V, d, false);
+    e->qs.linear_f16_bytes = per_layer_f16 * (size_t)c->n_layers + (e->has_head ? held_bytes(V, d, false) : 0);
     size_t b = per_layer * (size_t)c->n_layers;
-    b += V * d * sizeof(dol_f16); /* embedding */
-    if (!tied || e->nf4_head) b += head;
-    b += d * sizeof(float);       /* final norm */
+    if (e->has_embed) b += V * d * sizeof(dol_f16); /* embedding */
+    if (!(tied && e->has_embed) || e->nf4_head) b += head;
+    if (e->has_head) b += d * sizeof(float);       /* final norm */
     return b;
 }
 
@@ -411,11 +414,13 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
             alloc_linear(e, &w->down, e->d, e->f, e->nf4, err, errlen))
             return -1;
     }
-    if (dalloc(e, &e->embed, (size_t)e->V * d * sizeof(dol_f16), "weights", err, errlen) ||
-        dalloc(e, &e->final_norm, d * sizeof(float), "weights", err, errlen))
+    if ((e->has_embed && dalloc(e, &e->embed, (size_t)e->V * d * sizeof(dol_f16), "weights", err, errlen)) ||
+        (e->has_head && dalloc(e, &e->final_norm, d * sizeof(float), "weights", err, errlen)))
         return -1;
-    bool tied = m->lm_head.data == m->embed.data;
-    if (tied && !e->nf4_head) e->lm_head = (cu_linear){ .N = e->V, .K = e->d, .f16 = e->embed };
+    /* a tied lm_head shares the embedding when both are here */
+    bool tied = m->lm_head.data == m->embed.data && e->has_embed;
+    if (!e->has_head) e->lm_head = (cu_linear){ 0 };
+    else if (tied && !e->nf4_head) e->lm_head = (cu_linear){ .N = e->V, .K = e->d, .f16 = e->embed };
     else if (alloc_linear(e, &e->lm_head, e->V, e->d, e->nf4_head, err, errlen))
         return -1;
 
@@ -485,7 +490,7 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
     uploader u;
     int rc = up_init(&u, e->stream, err, errlen);
     for (int l = 0; rc == 0 && l < c->n_layers; l++) {
-        const dol_layer_weights *s = &m->layers[l];
+        const dol_layer_weights *s = &m->layers[e->l0 + l];
         cu_layer *w = &e->L[l];
         const struct { const cu_linear *dst; int64_t row0; const dol_tensor *src; const char *name; } lin[] = {
             { &w->qkv, 0, &s->q, "self_attn.q_proj" },
@@ -500,14 +505,14 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
              up_f32(&u, w->ffn_norm, &s->ffn_norm, err, errlen) ? -1 : 0;
         for (size_t i = 0; rc == 0 && i < sizeof lin / sizeof lin[0]; i++) {
             char what[96];
-            snprintf(what, sizeof what, "model.layers.%d.%s.weight", l, lin[i].name);
+            snprintf(what, sizeof what, "model.layers.%d.%s.weight", e->l0 + l, lin[i].name);
             rc = up_linear(e, &u, pool, lin[i].dst, lin[i].row0, lin[i].src, what, err, errlen);
         }
     }
-    if (rc == 0) rc = up_f16(&u, e->embed, &m->embed, err, errlen);
-    if (rc == 0 && (!tied || e->nf4_head))
+    if (rc == 0 && e->has_embed) rc = up_f16(&u, e->embed, &m->embed, err, errlen);
+    if (rc == 0 && e->has_head && (!tied || e->nf4_head))
         rc = up_linear(e, &u, pool, &e->lm_head, 0, &m->lm_head, "lm_head.weight", err, errlen);
-    if (rc == 0) rc = up_f32(&u, e->final_norm, &m->final_norm, err, errlen);
+    if (rc == 0 && e->has_head) rc = up_f32(&u, e->final_norm, &m->final_norm, err, errlen);
     up_free(&u);
     dol_pool_free(pool);
     if (rc) return -1;
@@ -515,8 +520,10 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
     return 0;
 }
 
-static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, int bs,
-                       int *n_blocks, void **out, char *err, size_t errlen)
+/* The checks and the sizes of an instance for range r, before any device
+ * call (create_range, range_bytes). */
+static int cuda_setup(cuda_engine *e, const dol_model *m, const dol_engine_params *p, int ctx, int bs,
+                      const dol_layer_range *r, char *err, size_t errlen)
 {
     const dol_model_config *c = &m->cfg;
     if (p->weights != DOL_WEIGHTS_AUTO && p->weights != DOL_WEIGHTS_F16 &&
@@ -535,15 +542,13 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
                     c->head_dim, DOL_CUDA_MAX_HEAD_DIM);
         return -1;
     }
-    double frac = p->gpu_memory_utilization > 0 ? p->gpu_memory_utilization : 0.90;
-    if (frac > 1.0) {
-        dol_set_err(err, errlen, "gpu_memory_utilization: %.3f is not in (0, 1]", frac);
-        return -1;
-    }
-    cuda_engine *e = calloc(1, sizeof *e);
-    if (!e) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
     e->c = *c;
-    e->dev = 0;
+    e->c.n_layers = r->l1 - r->l0;
+    e->l0 = r->l0;
+    e->has_embed = r->embed;
+    e->has_head = r->head;
+    e->head_at_end = r->head && r->l1 == c->n_layers;
+    e->dev = r->device;
     e->d = c->hidden_size;
     e->f = c->intermediate_size;
     e->hd = c->head_dim;
@@ -558,7 +563,7 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
     e->nf4_head = e->nf4 && p->quantize_lm_head;
     e->n_threads = p->n_threads > 0 ? p->n_threads : 1;
     e->max_T = p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048;
-    int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
+    const int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
     e->max_items = max_seqs < e->max_T ? max_seqs : e->max_T;
     e->logit_chunk = e->max_T < LOGIT_CHUNK ? e->max_T : LOGIT_CHUNK;
     e->max_blocks = (ctx + bs - 1) / bs;
@@ -567,7 +572,7 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
     if ((ctx + e->split_len - 1) / e->split_len > SPLITS_MAX)
         e->split_len = (int)align_up((size_t)((ctx + SPLITS_MAX - 1) / SPLITS_MAX), 32);
     e->n_splits = (ctx + e->split_len - 1) / e->split_len;
-    e->block_elems = (int64_t)c->n_layers * 2 * bs * e->kv_dim;
+    e->block_elems = (int64_t)e->c.n_layers * 2 * bs * e->kv_dim;
     if ((e->nf4 || e->nf4_head) && e->max_T > DOL_CUDA_NF4_GEMV_UPTO) {
         /* the dequantized tile: the largest NF4 matrix, at most NF4_WS_ELEMS */
         size_t most = 0;
@@ -580,6 +585,37 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
         e->nf4_ws_elems = most < NF4_WS_ELEMS ? most : NF4_WS_ELEMS;
     }
     plan_meta(e);
+    return 0;
+}
+
+static size_t cuda_range_bytes(const dol_model *m, const dol_engine_params *p, int ctx, int bs,
+                               const dol_layer_range *r, char *err, size_t errlen)
+{
+    cuda_engine *e = calloc(1, sizeof *e);
+    size_t b = SIZE_MAX;
+    if (!e) dol_set_err(err, errlen, "engine: out of memory");
+    else if (cuda_setup(e, m, p, ctx, bs, r, err, errlen) == 0)
+        b = linear_weight_bytes(e, m) + workspace_bytes(e);
+    free(e);
+    return b;
+}
+
+static int cuda_create_range(const dol_model *m, const dol_engine_params *p, int ctx, int bs,
+                             const dol_layer_range *r, int *n_blocks, void **out, char *err,
+                             size_t errlen)
+{
+    double frac = p->gpu_memory_utilization > 0 ? p->gpu_memory_utilization : 0.90;
+    if (frac > 1.0) {
+        dol_set_err(err, errlen, "gpu_memory_utilization: %.3f is not in (0, 1]", frac);
+        return -1;
+    }
+    cuda_engine *e = calloc(1, sizeof *e);
+    if (!e) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
+    if (cuda_setup(e, m, p, ctx, bs, r, err, errlen) != 0) {
+        free(e);
+        return -1;
+    }
+    const int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
     const char *g = getenv("DOLPHIN_CUDA_GRAPHS");
     e->graphs_on = !(g && strcmp(g, "0") == 0);
     e->graph = calloc((size_t)e->max_items + 1, sizeof *e->graph);
@@ -600,7 +636,7 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
                         cudaGetErrorString(rc), cudaGetErrorName(rc), dol_cuda_where(where, sizeof where));
             goto fail;
         }
-        g_cuda_dev = e->dev;
+        if (e->has_embed) g_cuda_dev = e->dev;
         cublasStatus_t bs_rc = cublasCreate(&e->blas);
         if (bs_rc != CUBLAS_STATUS_SUCCESS) {
             e->blas = NULL;
@@ -677,9 +713,9 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
     e->n_blocks = (int)blocks;
     if (alloc_and_upload(e, m, err, errlen) != 0) goto fail;
     dol_log(DOL_LOG_INFO, "cuda_ready",
-            "device=%d weights=%s lm_head=%s weights_mib=%.0f workspace_mib=%.0f kv_blocks=%d "
+            "device=%d blocks=%d..%d weights=%s lm_head=%s weights_mib=%.0f workspace_mib=%.0f kv_blocks=%d "
             "kv_mib=%.0f budget_mib=%.0f graphs=%d",
-            e->dev, e->nf4 ? "nf4" : "f16", e->nf4_head ? "nf4" : "f16", MIB(e->weight_bytes),
+            e->dev, e->l0, e->l0 + e->c.n_layers - 1, e->nf4 ? "nf4" : "f16", e->nf4_head ? "nf4" : "f16", MIB(e->weight_bytes),
             MIB(workspace_bytes(e)), e->n_blocks,
             MIB((double)e->n_blocks * block_bytes), MIB(frac * (double)total), e->graphs_on ? 1 : 0);
     *n_blocks = e->n_blocks;
@@ -688,6 +724,13 @@ static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, 
 fail:
     cuda_destroy(e);
     return -1;
+}
+
+static int cuda_create(const dol_model *m, const dol_engine_params *p, int ctx, int bs,
+                       int *n_blocks, void **out, char *err, size_t errlen)
+{
+    const dol_layer_range whole = { 0, m->cfg.n_layers, true, true, 0 };
+    return cuda_create_range(m, p, ctx, bs, &whole, n_blocks, out, err, errlen);
 }
 
 static void cuda_destroy(void *impl)
@@ -735,6 +778,30 @@ static int cuda_memory_info(void *impl, size_t *used, size_t *total)
     *total = tot;
     return 0;
 }
+
+/* Device memory Dolphin may use on `dev` (the budget of cuda_create_range,
+ * before anything of ours is there): utilization of the total, less what is
+ * in use (a context of ours included) and RESERVE_BYTES. */
+static int cuda_device_budget(int dev, double frac, size_t *avail, size_t *total, char *err, size_t errlen)
+{
+    if (frac <= 0) frac = 0.90;
+    size_t fr = 0, tot = 0;
+    cudaError_t rc = cudaSetDevice(dev);
+    if (rc == cudaSuccess) rc = cudaFree(NULL);
+    if (rc == cudaSuccess) rc = cudaMemGetInfo(&fr, &tot);
+    if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        dol_set_err(err, errlen, "cuda: device %d: cannot read its memory: %s (%s)", dev,
+                    cudaGetErrorString(rc), cudaGetErrorName(rc));
+        return -1;
+    }
+    const double a = frac * (double)tot - (double)(tot - fr) - (double)RESERVE_BYTES;
+    *avail = a > 0 ? (size_t)a : 0;
+    *total = tot;
+    return 0;
+}
+
+static const void *cuda_hidden_dev(void *impl) { return ((cuda_engine *)impl)->x; }
 
 static dol_cuda_kv kv_view(const cuda_engine *e, int layer)
 {
@@ -791,7 +858,7 @@ static int enqueue_step(cuda_engine *e, int T, int n_dec, int n_tiles, int R, ch
     const int32_t *md = e->meta_d;
     const int32_t *ids = md + e->off_id, *pos = md + e->off_pos, *item = md + e->off_item;
     const int d = e->d, f = e->f;
-    CUDA_CHECK(dol_cuda_embedding(e->x, e->embed, ids, T, d, s));
+    if (e->has_embed) CUDA_CHECK(dol_cuda_embedding(e->x, e->embed, ids, T, d, s));
     for (int l = 0; l < c->n_layers; l++) {
         const cu_layer *w = &e->L[l];
         const dol_cuda_kv kv = kv_view(e, l);
@@ -814,6 +881,12 @@ static int enqueue_step(cuda_engine *e, int T, int n_dec, int n_tiles, int R, ch
         if (linear(e, e->gu, e->xn, T, &w->gu, err, errlen)) return -1;
         CUDA_CHECK(dol_cuda_silu_mul(e->hbuf, e->gu, T, f, s));
         if (linear(e, e->dx, e->hbuf, T, &w->down, err, errlen)) return -1;
+    }
+    if (!e->head_at_end) { /* the stream leaves whole: the last MLP output joins x */
+        if (c->n_layers > 0)
+            CUDA_CHECK(dol_cuda_rmsnorm_residual(e->xn, e->x, e->dx, e->L[c->n_layers - 1].ffn_norm, NULL,
+                                                 T, d, c->rms_norm_eps, s));
+        return 0;
     }
     if (R > 0) { /* final norm of the rows that want logits, into xn rows 0..R-1 */
         CUDA_CHECK(dol_cuda_rmsnorm_residual(e->xn, e->x, e->dx, e->final_norm, md + e->off_lrow, R, d,
@@ -896,11 +969,29 @@ static int forward_inner(cuda_engine *e, const dol_forward_args *a, char *err, s
     }
     size_t meta_used = e->off_tables + (size_t)n_items * e->max_blocks;
     CUDA_CHECK(cudaMemcpyAsync(e->meta_d, mh, meta_used * sizeof(int32_t), cudaMemcpyHostToDevice, e->stream));
+    /* layer placement: the residual stream from the previous range */
+    const bool head_only = a->head_only;
+    const size_t x_bytes = sizeof(float) * (size_t)T * e->d;
+    if (!e->has_embed || head_only) {
+        if (a->peer_in)
+            CUDA_CHECK(cudaMemcpyPeerAsync(e->x, e->dev, a->peer_in, a->peer_dev, x_bytes, e->stream));
+        else
+            CUDA_CHECK(cudaMemcpyAsync(e->x, a->h_in, x_bytes, cudaMemcpyHostToDevice, e->stream));
+    }
+    if (!head_only && !e->head_at_end) R = 0;
 
     /* decode-only steps: eager the first time a batch size is seen (cuBLAS
      * picks and loads its kernels), captured the second, replayed after */
     bool launched = false;
-    if (e->graphs_on && decode_only && n_items <= e->logit_chunk) {
+    if (head_only) {
+        if (R > 0) { /* the final norm and the first lm_head chunk, on the stream as received */
+            CUDA_CHECK(dol_cuda_rmsnorm_residual(e->xn, e->x, NULL, e->final_norm, e->meta_d + e->off_lrow, R,
+                                                 e->d, e->c.rms_norm_eps, e->stream));
+            if (linear(e, e->logits, e->xn, R < e->logit_chunk ? R : e->logit_chunk, &e->lm_head, err, errlen))
+                return -1;
+        }
+        launched = true;
+    } else if (e->graphs_on && decode_only && n_items <= e->logit_chunk) {
         const int B = n_items;
         if (!e->graph[B] && e->seen[B]) {
             char gerr[DOL_ERR_LEN], q[DOL_ERR_LEN];
@@ -935,6 +1026,8 @@ static int forward_inner(cuda_engine *e, const dol_forward_args *a, char *err, s
             item_row++;
         }
     }
+    if (!head_only && !e->head_at_end && a->h_out)
+        CUDA_CHECK(cudaMemcpyAsync(a->h_out, e->x, x_bytes, cudaMemcpyDeviceToHost, e->stream));
     if (R == 0) CUDA_CHECK(cudaStreamSynchronize(e->stream));
     return 0;
 }
@@ -963,7 +1056,53 @@ const dol_backend_ops dol_cuda_backend = {
     .quant_stats = cuda_quant_stats,
     .kv_bytes_per_token = cuda_kv_bytes_per_token,
     .memory_info = cuda_memory_info,
+    .create_range = cuda_create_range,
+    .range_bytes = cuda_range_bytes,
+    .device_budget = cuda_device_budget,
+    .hidden_dev = cuda_hidden_dev,
 };
+
+int dol_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+bool dol_cuda_peer_enable(int a, int b)
+{
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    int cur = 0;
+    (void)cudaGetDevice(&cur);
+    cudaError_t rc = cudaSetDevice(a);
+    if (rc == cudaSuccess) rc = cudaDeviceEnablePeerAccess(b, 0);
+    if (rc == cudaErrorPeerAccessAlreadyEnabled) rc = cudaSuccess;
+    (void)cudaGetLastError();
+    (void)cudaSetDevice(cur);
+    return rc == cudaSuccess;
+}
+
+void *dol_cuda_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 64) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+void dol_cuda_host_free(void *p)
+{
+    if (p) (void)cudaFreeHost(p);
+}
 
 bool dol_cuda_device_check(char *why, size_t n)
 {

@@ -10,11 +10,14 @@
 #include "engine/backend.h"
 #include "engine/cuda_probe.h"
 #include "engine/cpu_kernels.h"
+#include "engine/placement.h"
+#include "dolphin/log.h"
+#include <stdio.h>
 
 struct dol_engine {
     const dol_backend_ops *ops;
     void *impl;
-    int ctx, vocab, max_T;
+    int ctx, vocab, max_T, n_layers;
     dol_kv_blocks kv;
     int32_t *tok_id, *tok_seq, *tok_pos;
 };
@@ -28,15 +31,67 @@ bool dol_engine_cuda_built(void)
 #endif
 }
 
+/* Context length, block size and the KV blocks asked for (0 = the backend
+ * decides), as every backend sees them. */
+static int engine_sizes(const dol_model *model, const dol_engine_params *p, int elem_bytes, int *ctx,
+                        int *bs, int64_t *want, char *err, size_t errlen)
+{
+    const dol_model_config *c = &model->cfg;
+    *ctx = p->context_len > 0 && p->context_len < c->max_position_embeddings
+               ? p->context_len : c->max_position_embeddings;
+    *bs = p->kv_block_size > 0 ? p->kv_block_size : 16;
+    size_t elem = elem_bytes > 0 ? (size_t)elem_bytes : sizeof(float);
+    size_t per_token = (size_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * elem;
+    int64_t tokens = p->kv_cache_tokens;
+    if (tokens <= 0 && p->kv_cache_bytes > 0) tokens = p->kv_cache_bytes / (int64_t)per_token;
+    *want = tokens > 0 ? (tokens + *bs - 1) / *bs : 0;
+    if (*want > INT32_MAX / 2) {
+        dol_set_err(err, errlen, "kv_cache: %lld tokens is not a usable pool size", (long long)tokens);
+        return -1;
+    }
+    return 0;
+}
+
+#ifdef DOLPHIN_HAVE_CUDA
+/* The placement settings ask for more than one device's whole model. */
+static bool placement_asked(const dol_engine_params *p)
+{
+    return p->n_devices > 1 || (p->n_devices == 1 && p->devices[0] != 0) || p->n_layer_split > 0 ||
+           p->gpu_layers_set || p->no_host_spill;
+}
+#endif
+
 int dol_engine_create(const dol_model *model, const dol_engine_params *p,
                       dol_engine **out, char *err, size_t errlen)
 {
     const dol_backend_ops *ops = &dol_cpu_backend;
+    if (p->backend == DOL_BACKEND_CPU && (p->n_layer_split > 0 || (p->gpu_layers_set && p->gpu_layers > 0))) {
+        dol_set_err(err, errlen, "%s: blocks on a GPU asked for, but backend is cpu",
+                    p->n_layer_split > 0 ? "layer_split" : "gpu_layers");
+        return -2;
+    }
     if (p->backend == DOL_BACKEND_CUDA || p->backend == DOL_BACKEND_AUTO) {
 #ifdef DOLPHIN_HAVE_CUDA
         char why[256];
-        if (dol_cuda_device_check(why, sizeof why)) ops = &dol_cuda_backend;
-        else if (p->backend == DOL_BACKEND_CUDA) {
+        if (dol_cuda_device_check(why, sizeof why)) {
+            /* the whole model on device 0 when it fits and nothing else is
+             * asked: the one-device path, with no placement layer in it */
+            int ctx, bs;
+            int64_t want;
+            if (engine_sizes(model, p, dol_cuda_backend.kv_elem_bytes, &ctx, &bs, &want, err, errlen) != 0)
+                return -1;
+            dol_placement pl;
+            int rc = dol_placement_plan(model, p, ctx, bs, want, &pl, err, errlen);
+            if (rc != 0) return rc;
+            const dol_layer_range *r0 = &pl.st[0].r;
+            const bool whole = pl.n == 1 && r0->l0 == 0 && r0->l1 == model->cfg.n_layers;
+            if (whole && !pl.st[0].cuda) ops = &dol_cpu_backend; /* gpu_layers: 0 */
+            else if (whole && r0->device == 0) ops = &dol_cuda_backend;
+            else ops = &dol_placed_backend;
+            if (ops != &dol_placed_backend && placement_asked(p))
+                dol_log(DOL_LOG_INFO, "placement", "device=%s blocks=0..%d embed=1 head=1 (one backend)",
+                        ops == &dol_cpu_backend ? "cpu" : "cuda:0", model->cfg.n_layers - 1);
+        } else if (p->backend == DOL_BACKEND_CUDA) {
             dol_set_err(err, errlen, "backend: cuda requested but no usable CUDA device was found: %s", why);
             return -1;
         }
@@ -58,21 +113,12 @@ int dol_engine_create_with(const dol_backend_ops *ops, const dol_model *model,
     if (!e) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
     e->ops = ops;
     const dol_model_config *c = &model->cfg;
-    e->ctx = p->context_len > 0 && p->context_len < c->max_position_embeddings
-                 ? p->context_len : c->max_position_embeddings;
     e->vocab = c->vocab_size;
+    e->n_layers = c->n_layers;
     e->max_T = p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048;
-    int bs = p->kv_block_size > 0 ? p->kv_block_size : 16;
-    int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
-
-    /* KV pool size wanted, in blocks (0 = the backend decides) */
-    size_t elem = ops->kv_elem_bytes > 0 ? (size_t)ops->kv_elem_bytes : sizeof(float);
-    size_t per_token = (size_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * elem;
-    int64_t tokens = p->kv_cache_tokens;
-    if (tokens <= 0 && p->kv_cache_bytes > 0) tokens = p->kv_cache_bytes / (int64_t)per_token;
-    int64_t want = tokens > 0 ? (tokens + bs - 1) / bs : 0;
-    if (want > INT32_MAX / 2) {
-        dol_set_err(err, errlen, "kv_cache: %lld tokens is not a usable pool size", (long long)tokens);
+    int bs, max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
+    int64_t want;
+    if (engine_sizes(model, p, ops->kv_elem_bytes, &e->ctx, &bs, &want, err, errlen) != 0) {
         free(e);
         return -1;
     }
@@ -80,9 +126,10 @@ int dol_engine_create_with(const dol_backend_ops *ops, const dol_model *model,
     dol_engine_params bp = *p;
     bp.max_seqs = max_seqs;
     bp.max_batch_tokens = e->max_T;
-    if (ops->create(model, &bp, e->ctx, bs, &n_blocks, &e->impl, err, errlen) != 0) {
+    int rc = ops->create(model, &bp, e->ctx, bs, &n_blocks, &e->impl, err, errlen);
+    if (rc != 0) {
         free(e);
-        return -1;
+        return rc == -2 ? -2 : -1;
     }
     e->tok_id = malloc(sizeof(int32_t) * (size_t)e->max_T);
     e->tok_seq = malloc(sizeof(int32_t) * (size_t)e->max_T);
@@ -110,6 +157,27 @@ void dol_engine_free(dol_engine *e)
 
 const char *dol_engine_backend_name(const dol_engine *e) { return e->ops->name; }
 
+int dol_engine_devices(const dol_engine *e, dol_device_memory *out, int max)
+{
+    if (max < 1) return 0;
+    const int used_blocks = e->kv.n_blocks - dol_kv_blocks_available(&e->kv);
+#ifdef DOLPHIN_HAVE_CUDA
+    if (e->ops == &dol_placed_backend) return dol_placement_devices(e->impl, used_blocks, out, max);
+#endif
+    dol_device_memory *d = &out[0];
+    memset(d, 0, sizeof *d);
+    const bool cuda = strcmp(e->ops->name, "cuda") == 0;
+    snprintf(d->name, sizeof d->name, cuda ? "cuda:0" : "cpu");
+    d->n_blocks = e->n_layers;
+    d->embed = d->head = true;
+    d->weight_bytes = e->ops->weight_bytes(e->impl);
+    d->step_read_bytes = d->weight_bytes;
+    d->kv_bytes = e->ops->kv_bytes_per_token(e->impl) * (size_t)e->kv.block_size * (size_t)e->kv.n_blocks;
+    (void)dol_engine_memory_info(e, &d->used, &d->total);
+    (void)used_blocks;
+    return 1;
+}
+
 double dol_engine_gpu_utilization(const dol_engine *e)
 {
     int pct = 0;
@@ -119,6 +187,24 @@ double dol_engine_gpu_utilization(const dol_engine *e)
 const char *dol_engine_cpu_kernels(void) { return dol_cpu_kernels_get()->name; }
 int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total)
 {
+#ifdef DOLPHIN_HAVE_CUDA
+    if (e->ops == &dol_placed_backend) {
+        /* the device nearest to full, so that whoever watches this figure
+         * (the readiness hysteresis) watches every device */
+        dol_device_memory d[DOL_PLACEMENT_MAX_STAGES];
+        int n = dol_engine_devices(e, d, DOL_PLACEMENT_MAX_STAGES);
+        double worst = -1;
+        for (int i = 0; i < n; i++) {
+            double r = d[i].total ? (double)d[i].used / (double)d[i].total : 0;
+            if (r > worst) {
+                worst = r;
+                *used = d[i].used;
+                *total = d[i].total;
+            }
+        }
+        return n > 0 ? 0 : -1;
+    }
+#endif
     if (e->ops->memory_info(e->impl, used, total) == 0) return 0;
     /* no device memory (CPU): the KV pool stands in, so that the readiness
      * logic that watches memory is exercised on every machine */
@@ -211,6 +297,7 @@ int dol_engine_forward(dol_engine *e, dol_batch_item *items, int n_items,
         }
     }
     if (T == 0) return 0;
-    dol_forward_args a = { items, n_items, T, e->tok_id, e->tok_seq, e->tok_pos, &e->kv };
+    dol_forward_args a = { .items = items, .n_items = n_items, .T = T, .tok_id = e->tok_id,
+                           .tok_seq = e->tok_seq, .tok_pos = e->tok_pos, .kv = &e->kv };
     return e->ops->forward(e->impl, &a, err, errlen);
 }

@@ -228,6 +228,19 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
             cJSON_AddNumberToObject(mem, "gpu_utilization_ratio", st->gpu_utilization);
         else
             cJSON_AddNullToObject(mem, "gpu_utilization_ratio");
+        /* every device holding part of the model; used/total above is the fullest */
+        cJSON *devs = cJSON_AddArrayToObject(mem, "devices");
+        for (int i = 0; devs && rd.have_sched && i < st->n_devices; i++) {
+            const dol_device_memory *d = &st->devices[i];
+            cJSON *o = cJSON_CreateObject();
+            if (!o) break;
+            cJSON_AddStringToObject(o, "device", d->name);
+            cJSON_AddNumberToObject(o, "blocks", d->n_blocks);
+            cJSON_AddNumberToObject(o, "used_bytes", (double)d->used);
+            cJSON_AddNumberToObject(o, "total_bytes", (double)d->total);
+            cJSON_AddNumberToObject(o, "ratio", d->total ? (double)d->used / (double)d->total : 0);
+            cJSON_AddItemToArray(devs, o);
+        }
     }
     if (rd.have_sched) {
         cJSON *kv = cJSON_AddObjectToObject(root, "kv_cache");

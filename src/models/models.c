@@ -312,7 +312,18 @@ static int load_objects(dol_models *m, const dol_model_entry *me, objects *o, ch
     ep.quantize_lm_head = me->quantize_lm_head;
     ep.backend = me->backend;
     ep.gpu_memory_utilization = me->gpu_memory_utilization;
-    if (dol_engine_create(o->model, &ep, &o->engine, err, errlen) != 0) goto fail;
+    ep.n_devices = me->devices.n;
+    memcpy(ep.devices, me->devices.v, sizeof ep.devices);
+    ep.n_layer_split = me->layer_split.n;
+    memcpy(ep.layer_split, me->layer_split.v, sizeof ep.layer_split);
+    ep.gpu_layers_set = me->gpu_layers >= 0;
+    ep.gpu_layers = me->gpu_layers;
+    ep.no_host_spill = !me->allow_host_spill;
+    int erc = dol_engine_create(o->model, &ep, &o->engine, err, errlen);
+    if (erc != 0) {
+        if (erc == -2) *config_error = true;   /* a placement setting at fault: exit 2 */
+        goto fail;
+    }
 
     dol_scheduler_params sp = {0};
     sp.max_batch_size = cfg->max_batch_size;

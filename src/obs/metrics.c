@@ -441,7 +441,9 @@ char *dol_metrics_render(dol_metrics *m, const dol_metrics_gauges *g, size_t *le
         .prefix_cache_hit_tokens = g->prefix_cache_hit_tokens,
         .device_memory_used = g->device_memory_used, .device_memory_total = g->device_memory_total,
         .weight_bytes = g->weight_bytes, .steps = g->steps, .heartbeat_age_s = g->heartbeat_age_s,
+        .n_devices = g->n_devices,
     };
+    memcpy(one.devices, g->devices, sizeof one.devices);
     const dol_metrics_model *ms = g->n_models > 0 ? g->models : &one;
     int n_ms = g->n_models > 0 ? g->n_models : 1;
     for (size_t f = 0; f < sizeof MODEL_FAMILIES / sizeof MODEL_FAMILIES[0]; f++) {
@@ -466,6 +468,33 @@ char *dol_metrics_render(dol_metrics *m, const dol_metrics_gauges *g, size_t *le
                    "(no sample without NVML).");
             if (g->gpu_utilization >= 0)
                 put(&o, "dolphin_gpu_utilization_ratio %.17g\n", g->gpu_utilization);
+        }
+    }
+    /* memory and blocks per device holding part of a loaded model */
+    static const struct { const char *name, *help; } DEV_FAMILIES[] = {
+        {"dolphin_device_memory_per_device_used_bytes",
+         "Memory in use on each device holding part of the model (CUDA: the whole device; "
+         "cpu: its KV-cache pool)."},
+        {"dolphin_device_memory_per_device_total_bytes",
+         "Memory in all on each device holding part of the model (CUDA: the whole device; "
+         "cpu: its KV-cache pool)."},
+        {"dolphin_device_blocks", "Transformer blocks each device holds."},
+    };
+    for (int f = 0; f < 3; f++) {
+        family(&o, DEV_FAMILIES[f].name, "gauge", DEV_FAMILIES[f].help);
+        for (int i = 0; i < n_ms; i++) {
+            if (!ms[i].loaded) continue;
+            for (int d = 0; d < ms[i].n_devices && d < DOL_METRICS_MAX_DEVICES; d++) {
+                const dol_metrics_device *dv = &ms[i].devices[d];
+                double v = f == 0 ? (double)dv->used : f == 1 ? (double)dv->total : dv->blocks;
+                if (ms[i].name) {
+                    char dl[128];
+                    put(&o, "%s{model=\"%s\",device=\"%s\"} %.17g\n", DEV_FAMILIES[f].name,
+                        label_value(ms[i].name, c, sizeof c), label_value(dv->name, dl, sizeof dl), v);
+                } else {
+                    put(&o, "%s{device=\"%s\"} %.17g\n", DEV_FAMILIES[f].name, dv->name, v);
+                }
+            }
         }
     }
 

@@ -772,6 +772,8 @@ static void sample_memory(dol_scheduler *s, bool force)
     s->mem_sampled_ms = now;
     size_t used = 0, total = 0;
     if (dol_engine_memory_info(s->e, &used, &total) != 0) used = total = 0;
+    dol_device_memory devs[DOL_MAX_DEVICES + 1];
+    int n_devs = dol_engine_devices(s->e, devs, DOL_MAX_DEVICES + 1);
     /* NVML's own sample period is 1/6 s to 1 s: asking more often says nothing new */
     bool gpu = now - s->gpu_sampled_ms >= 1000.0;
     double util = gpu ? dol_engine_gpu_utilization(s->e) : 0;
@@ -779,6 +781,8 @@ static void sample_memory(dol_scheduler *s, bool force)
     pthread_mutex_lock(&s->mu);
     s->st.mem_used_bytes = used;
     s->st.mem_total_bytes = total;
+    s->st.n_devices = n_devs;
+    memcpy(s->st.devices, devs, sizeof(devs[0]) * (size_t)n_devs);
     if (gpu) s->st.gpu_utilization = util;
     pthread_mutex_unlock(&s->mu);
 }
@@ -948,6 +952,7 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     s->st.backend = dol_engine_backend_name(engine);
     if (dol_engine_memory_info(engine, &s->st.mem_used_bytes, &s->st.mem_total_bytes) != 0)
         s->st.mem_used_bytes = s->st.mem_total_bytes = 0;
+    s->st.n_devices = dol_engine_devices(engine, s->st.devices, DOL_MAX_DEVICES + 1);
     s->st.kv_blocks_total = dol_engine_kv_blocks_total(engine);
     s->st.kv_block_size = dol_engine_kv_block_size(engine);
     if (!s->p.manual && pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {

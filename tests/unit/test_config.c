@@ -25,7 +25,8 @@ static const char *const KEYS[] = {
     "host", "port", "max_body_bytes", "max_connections", "max_connections_per_ip",
     "connection_timeout_s", "max_json_depth", "max_prompt_tokens", "max_tokens_cap", "max_n",
     "max_stop", "max_stop_len", "max_logit_bias", "model", "served_model_name", "threads",
-    "backend", "gpu_memory_utilization", "weights", "quantize_lm_head", "context_len", "temperature", "top_p", "top_k",
+    "backend", "gpu_memory_utilization", "devices", "layer_split", "gpu_layers", "allow_host_spill",
+    "weights", "quantize_lm_head", "context_len", "temperature", "top_p", "top_k",
     "max_tokens", "batch_window_ms", "max_batch_size", "batch_mode", "max_queue",
     "request_timeout_s", "memory_high_watermark", "kv_cache_tokens",
     "kv_cache_bytes", "kv_block_size", "prefix_caching", "prefill_chunk", "api_keys",
@@ -303,6 +304,35 @@ static void test_yaml_good(void **state)
     assert_false(c.warmup);
 }
 
+/* devices and layer_split: YAML sequences or "a,b" flags, into dol_int_list */
+static void test_placement_lists(void **state)
+{
+    (void)state;
+    char err[DOL_ERR_LEN];
+    dol_config c;
+    dol_config_defaults(&c);
+    assert_int_equal(c.devices.n, 0);
+    assert_int_equal(c.layer_split.n, 0);
+    assert_int_equal(c.gpu_layers, -1);
+    assert_true(c.allow_host_spill);
+    assert_int_equal(dol_config_load_yaml(&c, yaml("devices: [0, 1]\nlayer_split: [20, 20]\n"
+                                                   "gpu_layers: 40\nallow_host_spill: false\n"), err, sizeof err), 0);
+    assert_int_equal(c.devices.n, 2);
+    assert_int_equal(c.devices.v[1], 1);
+    assert_int_equal(c.layer_split.n, 2);
+    assert_int_equal(c.layer_split.v[0], 20);
+    assert_int_equal(c.gpu_layers, 40);
+    assert_false(c.allow_host_spill);
+    assert_int_equal(dol_config_load_yaml(&c, yaml("devices: []\nlayer_split:\n"), err, sizeof err), 0);
+    assert_int_equal(c.devices.n, 0);
+    assert_int_equal(c.layer_split.n, 0);
+    assert_int_equal(parse_args(&c, err, ARGS("--devices", "1,0", "--layer-split=3,2", "--gpu-layers", "5")), 0);
+    assert_int_equal(c.devices.n, 2);
+    assert_int_equal(c.devices.v[0], 1);
+    assert_int_equal(c.layer_split.v[1], 2);
+    assert_int_equal(c.gpu_layers, 5);
+}
+
 static void test_yaml_merges(void **state)
 {
     (void)state;
@@ -331,6 +361,12 @@ static void test_yaml_merges(void **state)
 }
 
 static const struct { const char *text, *want; } BAD_YAML[] = {
+    { "devices: [0, x]\n", ":1: field devices: not a list of integers (e.g. 0,1): 0,x" },
+    { "devices: [0, 64]\n", ":1: field devices: entry out of range: 64 (must be between 0 and 63)" },
+    { "devices: [0, [1]]\n", ":1: field devices: expected a list of integers" },
+    { "layer_split: [1, 0]\n", ":1: field layer_split: entry out of range: 0" },
+    { "layer_split: [1,2,3,4,5,6,7,8,9]\n", ":1: field layer_split: more than 8 entries" },
+    { "gpu_layers: -2\n", ":1: field gpu_layers: out of range: -2" },
     { "port: abc\n", ":1: field port: not an integer: abc" },
     { "host: x\nport: 70000\n", ":2: field port: out of range: 70000 (must be between 0 and 65535)" },
     { "port: -1\n", ":1: field port: out of range: -1" },
@@ -665,6 +701,8 @@ static void test_flags_bad(void **state)
         assert_string_equal(err, want); \
     } while (0)
     BAD("flag --port: not an integer: abc", "--port", "abc");
+    BAD("flag --devices: not a list of integers (e.g. 0,1): 0;1", "--devices", "0;1");
+    BAD("flag --layer-split: not a list of integers (e.g. 0,1): 2,", "--layer-split", "2,");
     BAD("flag --port: not an integer: abc", "--port=abc");
     BAD("flag --port: out of range: 70000 (must be between 0 and 65535)", "--port", "70000");
     BAD("unknown flag --foo (see --help)", "--foo");
@@ -754,6 +792,8 @@ static void test_help_lists_every_flag(void **state)
             snprintf(flag, sizeof flag, "  --api-key ");
         } else if (strcmp(KEYS[i], "warmup") == 0) {
             snprintf(flag, sizeof flag, "  --warmup, --no-warmup ");
+        } else if (strcmp(KEYS[i], "allow_host_spill") == 0) {
+            snprintf(flag, sizeof flag, "  --allow-host-spill, --no-allow-host-spill\n");
         } else if (strcmp(KEYS[i], "quantize_lm_head") == 0) {
             snprintf(flag, sizeof flag, "  --quantize-lm-head, --no-quantize-lm-head\n");
         } else if (strcmp(KEYS[i], "prefix_caching") == 0) {
@@ -986,6 +1026,7 @@ int main(void)
         cmocka_unit_test(test_default_file),
         cmocka_unit_test(test_docs_cover_every_key),
         cmocka_unit_test(test_yaml_good),
+        cmocka_unit_test(test_placement_lists),
         cmocka_unit_test(test_yaml_merges),
         cmocka_unit_test(test_yaml_bad),
         cmocka_unit_test(test_yaml_long_values),
