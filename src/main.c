@@ -152,10 +152,10 @@ static int warm_up(dol_scheduler *sched, const dol_model *m, const dol_config *c
                    int ctx, const sigset_t *sigs, int *sig, char *err, size_t errlen)
 {
     double t0 = dol_now_ms();
-    int rc = warm_one(sched, m, 1, 1, 4, sigs, sig, err, errlen);
+    int rc = warm_one(sched, m, 1, 1, 2, sigs, sig, err, errlen);
     if (rc == 1) return -1;   /* the smallest shape must fit */
     if (rc != 0) return rc;
-    int prompt = cfg->prefill_chunk < 32 ? cfg->prefill_chunk : 32;
+    int prompt = cfg->prefill_chunk < 16 ? cfg->prefill_chunk : 16;
     if (prompt > ctx / 2) prompt = ctx / 2;
     int batch = cfg->max_batch_size;
     int full = prompt >= 2 ? warm_one(sched, m, prompt, batch, 2, sigs, sig, err, errlen) : 1;
@@ -268,6 +268,8 @@ int main(int argc, char **argv)
     ep.kv_cache_tokens = cfg.kv_cache_tokens;
     ep.prefix_caching = cfg.prefix_caching;
     ep.kv_cache_bytes = cfg.kv_cache_bytes;
+    ep.kv_dtype = cfg.kv_cache_dtype;
+    ep.kv_memory_fraction = cfg.kv_cache_memory_fraction;
     ep.max_seqs = cfg.max_batch_size + 1;
     ep.max_batch_tokens = cfg.prefill_chunk + cfg.max_batch_size;
     ep.context_len = cfg.context_len;
@@ -290,11 +292,18 @@ int main(int argc, char **argv)
     dol_server_attach(srv, model, tok, sched);
     dol_log(DOL_LOG_INFO, "model_loaded",
             "backend=%s cpu_kernels=%s model=%s layers=%d hidden=%d heads=%d kv_heads=%d vocab=%d ctx=%d "
-            "weight_bytes=%zu kv_blocks=%d kv_block_size=%d threads=%d load_ms=%.0f",
+            "weight_bytes=%zu kv_blocks=%d kv_block_size=%d kv_cache_dtype=%s kv_tokens=%lld "
+            "kv_contexts=%.2f kv_bytes=%zu threads=%d load_ms=%.0f",
             dol_engine_backend_name(engine), dol_engine_cpu_kernels(), model->name, model->cfg.n_layers, model->cfg.hidden_size, model->cfg.n_heads,
             model->cfg.n_kv_heads, model->cfg.vocab_size, dol_engine_context_len(engine),
             dol_engine_weight_bytes(engine), dol_engine_kv_blocks_total(engine),
-            dol_engine_kv_block_size(engine), threads, dol_now_ms() - t0);
+            dol_engine_kv_block_size(engine), dol_engine_kv_dtype_name(engine),
+            (long long)dol_engine_kv_blocks_total(engine) * dol_engine_kv_block_size(engine),
+            (double)dol_engine_kv_blocks_total(engine) * dol_engine_kv_block_size(engine) /
+                dol_engine_context_len(engine),
+            (size_t)dol_engine_kv_blocks_total(engine) * dol_engine_kv_block_size(engine) *
+                dol_engine_kv_bytes_per_token(engine),
+            threads, dol_now_ms() - t0);
     if (strcmp(dol_engine_backend_name(engine), "cuda") == 0)
         dol_log(DOL_LOG_WARN, "cuda_unverified",
                 "msg=\"this CUDA backend has been verified under the CUDA emulation only, "

@@ -290,21 +290,43 @@ static float src_elem(const void *src, dol_dtype t, size_t i)
     return ((const float *)src)[i];
 }
 
+/* n elements from src (src_t) to dst (dst_t); zeros when src is NULL */
+static void pack_run(void *dst, dol_dtype dst_t, const void *src, dol_dtype src_t, int n)
+{
+    const size_t dsz = dol_dtype_size(dst_t);
+    if (!src) {
+        memset(dst, 0, (size_t)n * dsz);
+    } else if (dst_t == src_t) {
+        memcpy(dst, src, (size_t)n * dsz);
+    } else if (dst_t == DOL_DTYPE_F32) {
+        for (int i = 0; i < n; i++) ((float *)dst)[i] = src_elem(src, src_t, (size_t)i);
+    } else {
+        for (int i = 0; i < n; i++) ((uint16_t *)dst)[i] = dol_f32_to_f16(src_elem(src, src_t, (size_t)i));
+    }
+}
+
+/* One panel, written in order: for each chunk of DOL_PACK_K weights the
+ * chunks of its DOL_PACK_ROWS rows, then the rows' tails (the layout of
+ * dol_cpu_packed_index), copied run by run rather than element by element. */
 static void pack_task(void *ctx, int panel, int worker)
 {
     (void)worker;
     const pack_job *j = ctx;
-    for (int n = panel * DOL_PACK_ROWS; n < (panel + 1) * DOL_PACK_ROWS; n++)
-        for (int k = 0; k < j->K; k++) {
-            size_t d = dol_cpu_packed_index(n, k, j->K), s = (size_t)n * j->K + (size_t)k;
-            if (j->dst_t == j->src_t && j->dst_t != DOL_DTYPE_F32) { /* 16-bit copy, or zero padding */
-                ((uint16_t *)j->dst)[d] = n < j->N ? ((const uint16_t *)j->src)[s] : 0;
-                continue;
-            }
-            float f = n < j->N ? src_elem(j->src, j->src_t, s) : 0.0f;
-            if (j->dst_t == DOL_DTYPE_F32) ((float *)j->dst)[d] = f;
-            else ((uint16_t *)j->dst)[d] = dol_f32_to_f16(f);
+    const int K = j->K, kc = K - K % DOL_PACK_K, n0 = panel * DOL_PACK_ROWS;
+    const size_t dsz = dol_dtype_size(j->dst_t), ssz = dol_dtype_size(j->src_t);
+    char *d = (char *)j->dst + (size_t)n0 * (size_t)K * dsz;
+    const char *s = j->src;
+    for (int k = 0; k < kc; k += DOL_PACK_K)
+        for (int r = 0; r < DOL_PACK_ROWS; r++, d += DOL_PACK_K * dsz) {
+            const int n = n0 + r;
+            pack_run(d, j->dst_t, n < j->N ? s + ((size_t)n * K + (size_t)k) * ssz : NULL, j->src_t,
+                     DOL_PACK_K);
         }
+    for (int r = 0; r < DOL_PACK_ROWS && kc < K; r++, d += (size_t)(K - kc) * dsz) {
+        const int n = n0 + r;
+        pack_run(d, j->dst_t, n < j->N ? s + ((size_t)n * K + (size_t)kc) * ssz : NULL, j->src_t,
+                 K - kc);
+    }
 }
 
 int dol_cpu_pack(dol_pool *pool, void *dst, dol_dtype dst_t, const void *src, dol_dtype src_t,

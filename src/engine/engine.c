@@ -15,6 +15,7 @@ struct dol_engine {
     const dol_backend_ops *ops;
     void *impl;
     int ctx, vocab, max_T;
+    dol_kv_dtype kv_dtype;
     dol_kv_blocks kv;
     int32_t *tok_id, *tok_seq, *tok_pos;
 };
@@ -65,8 +66,21 @@ int dol_engine_create_with(const dol_backend_ops *ops, const dol_model *model,
     int bs = p->kv_block_size > 0 ? p->kv_block_size : 16;
     int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
 
+    /* KV element type: F32 only with F32 weights (so F32 runs match the
+     * float64 references as closely as before), else F16 */
+    dol_engine_params bp = *p;
+    if (bp.kv_dtype == DOL_KV_AUTO) {
+        bool f32 = p->weights == DOL_WEIGHTS_F32 ||
+                   (p->weights == DOL_WEIGHTS_AUTO && c->n_layers > 0 && model->layers &&
+                    model->layers[0].q.dtype == DOL_DTYPE_F32);
+        bp.kv_dtype = f32 ? DOL_KV_F32 : DOL_KV_F16;
+    }
+    if (ops->kv_elem_bytes == 2) bp.kv_dtype = DOL_KV_F16;
+    e->kv_dtype = bp.kv_dtype;
+
     /* KV pool size wanted, in blocks (0 = the backend decides) */
-    size_t elem = ops->kv_elem_bytes > 0 ? (size_t)ops->kv_elem_bytes : sizeof(float);
+    size_t elem = ops->kv_elem_bytes > 0 ? (size_t)ops->kv_elem_bytes
+                  : bp.kv_dtype == DOL_KV_F16 ? 2 : sizeof(float);
     size_t per_token = (size_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * elem;
     int64_t tokens = p->kv_cache_tokens;
     if (tokens <= 0 && p->kv_cache_bytes > 0) tokens = p->kv_cache_bytes / (int64_t)per_token;
@@ -77,7 +91,6 @@ int dol_engine_create_with(const dol_backend_ops *ops, const dol_model *model,
         return -1;
     }
     int n_blocks = (int)want;
-    dol_engine_params bp = *p;
     bp.max_seqs = max_seqs;
     bp.max_batch_tokens = e->max_T;
     if (ops->create(model, &bp, e->ctx, bs, &n_blocks, &e->impl, err, errlen) != 0) {
@@ -128,6 +141,10 @@ int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total)
     return 0;
 }
 int dol_engine_context_len(const dol_engine *e) { return e->ctx; }
+const char *dol_engine_kv_dtype_name(const dol_engine *e)
+{
+    return e->kv_dtype == DOL_KV_F16 ? "f16" : "f32";
+}
 int dol_engine_vocab_size(const dol_engine *e) { return e->vocab; }
 int dol_engine_seq_new(dol_engine *e) { return dol_kv_seq_new(&e->kv); }
 void dol_engine_seq_free(dol_engine *e, int seq) { dol_kv_seq_free(&e->kv, seq); }
