@@ -118,6 +118,9 @@ typedef struct {
     int64_t kv_cache_tokens;     /* default 0 = derive */
     bool prefix_caching;         /* default true */
     int64_t kv_cache_bytes;      /* default 0 = derive */
+    dol_kv_dtype kv_cache_dtype; /* auto | f32 | f16 (default auto) */
+    double kv_cache_memory_fraction; /* CPU default pool: share of available
+                                    memory after the weights (default 0.90) */
     int kv_block_size;           /* default 16 */
     int prefill_chunk;           /* default 512 tokens per sequence per step */
     /* keys and priorities */

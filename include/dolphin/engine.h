@@ -49,6 +49,13 @@ typedef enum {
 /* Most CUDA devices one engine spreads a model over. */
 #define DOL_MAX_DEVICES 8
 
+/* Element type of the KV cache (kv_cache_dtype, docs/configuration.md). */
+typedef enum {
+    DOL_KV_AUTO = 0,          /* F32 with F32 weights, F16 otherwise */
+    DOL_KV_F32,
+    DOL_KV_F16,
+} dol_kv_dtype;
+
 typedef struct {
     dol_backend_kind backend;
     double gpu_memory_utilization; /* CUDA: share of device memory Dolphin may
@@ -58,8 +65,15 @@ typedef struct {
     int kv_block_size;        /* tokens per KV block (default 16) */
     int64_t kv_cache_tokens;  /* pool capacity in tokens, rounded up to whole
                                  blocks; 0 = derive from kv_cache_bytes */
-    int64_t kv_cache_bytes;   /* used when kv_cache_tokens == 0; 0 = enough
-                                 for max_seqs full contexts, capped at 1 GiB */
+    int64_t kv_cache_bytes;   /* used when kv_cache_tokens == 0; 0 = the
+                                 backend's default (CPU: kv_memory_fraction
+                                 of the memory available once the weights
+                                 are held, at most max_seqs full contexts,
+                                 at least one) */
+    double kv_memory_fraction;/* CPU default pool: share of MemAvailable
+                                 (0 = 0.9) */
+    dol_kv_dtype kv_dtype;    /* CPU: F32 or F16 cache (AUTO resolved by
+                                 dol_engine_create); CUDA: always F16 */
     int max_seqs;             /* max live sequences (block tables) */
     int max_batch_tokens;     /* max tokens in one forward call (workspace) */
     int context_len;          /* max positions per sequence; 0 = model's
@@ -134,6 +148,8 @@ bool dol_engine_cuda_built(void);
 
 /* Context length in tokens (positions 0..n-1). */
 int dol_engine_context_len(const dol_engine *e);
+/* The KV cache's element type in use: "f32" or "f16" (a static string). */
+const char *dol_engine_kv_dtype_name(const dol_engine *e);
 int dol_engine_vocab_size(const dol_engine *e);
 
 /* ---- sequences and the paged KV cache ---------------------------------- */

@@ -111,6 +111,20 @@ int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen);
 
 void dol_model_free(dol_model *m);
 
+/* Page hints for a tensor of m (any thread; `t` must be one of m's tensors
+ * or a view inside one). Both change no value: t->data stays valid.
+ *   dol_model_prefetch: ask the kernel to start reading t's pages of the
+ *     checkpoint now (MADV_WILLNEED), so the read of the next tensor overlaps
+ *     the work on this one.
+ *   dol_model_release: drop t's pages from this process (MADV_DONTNEED on
+ *     the read-only mapping, widened to whole pages): once a backend holds
+ *     its own copy of a tensor, the checkpoint's copy no longer counts in
+ *     the process's memory. A later read of t->data faults the pages back in
+ *     from the file (page cache). Returns the bytes released (0 for a tensor
+ *     held in an aligned copy, not in a mapping). */
+void dol_model_prefetch(const dol_model *m, const dol_tensor *t);
+size_t dol_model_release(const dol_model *m, const dol_tensor *t);
+
 #ifdef __cplusplus
 }
 #endif

@@ -183,6 +183,8 @@ typedef struct {
     int running_seqs;        /* sequences in the running batch */
     int running_requests;
     int kv_blocks_total, kv_blocks_used, kv_block_size;
+    int context_len;         /* tokens of one full context */
+    const char *kv_dtype;    /* "f32" or "f16" (static) */
     int kv_blocks_cached;    /* unused blocks kept by the prefix cache (they
                                 count as free: taken when needed) */
     uint64_t steps;          /* forward steps so far */

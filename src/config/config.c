@@ -184,6 +184,11 @@ static const field FIELDS[] = {
     { .name = "kv_cache_bytes", .type = F_I64, AT(kv_cache_bytes), .min = 0, .max = NONE,
       .bytes = true, .def = "0", .metavar = "SIZE",
       .help = "KV-cache capacity in bytes; 0 = derive" },
+    { .name = "kv_cache_dtype", .type = F_ENUM, AT(kv_cache_dtype), .choices = CHOICES("auto", "f32", "f16"),
+      .def = "auto", .help = "CPU KV-cache element type; auto = f32 with f32 weights, else f16" },
+    { .name = "kv_cache_memory_fraction", .type = F_DOUBLE, AT(kv_cache_memory_fraction),
+      .min = 0, .max = 1, .min_open = true, .def = "0.90", .metavar = "R",
+      .help = "CPU, pool size not set: share of the memory left after the weights for the KV cache" },
     { .name = "kv_block_size", .type = F_INT, AT(kv_block_size), .min = 1, .max = 1024,
       .def = "16", .metavar = "N", .help = "tokens per KV-cache block" },
     { .name = "prefix_caching", .type = F_BOOL, AT(prefix_caching), .def = "true",
@@ -254,12 +259,15 @@ static const struct { const char *name; size_t top; } INHERITED[] = {
 
 /* F_ENUM fields hold an int; their `choices` list the enum's values in order. */
 _Static_assert(sizeof(dol_backend_kind) == sizeof(int) && sizeof(dol_weight_format) == sizeof(int) &&
-               sizeof(dol_batch_mode) == sizeof(int) && sizeof(dol_log_level) == sizeof(int),
+               sizeof(dol_batch_mode) == sizeof(int) && sizeof(dol_log_level) == sizeof(int) &&
+               sizeof(dol_kv_dtype) == sizeof(int),
                "F_ENUM stores an int");
 _Static_assert(DOL_BACKEND_AUTO == 0 && DOL_BACKEND_CPU == 1 && DOL_BACKEND_CUDA == 2,
                "backend choices are auto|cpu|cuda");
 _Static_assert(DOL_WEIGHTS_AUTO == 0 && DOL_WEIGHTS_F32 == 1 && DOL_WEIGHTS_F16 == 2 &&
                DOL_WEIGHTS_NF4 == 3, "weights choices are auto|f32|f16|nf4");
+_Static_assert(DOL_KV_AUTO == 0 && DOL_KV_F32 == 1 && DOL_KV_F16 == 2,
+               "kv_cache_dtype choices are auto|f32|f16");
 _Static_assert(DOL_BATCH_CONTINUOUS == 0 && DOL_BATCH_STATIC == 1,
                "batch_mode choices are continuous|static");
 _Static_assert(DOL_LOG_DEBUG == 0 && DOL_LOG_INFO == 1 && DOL_LOG_WARN == 2 && DOL_LOG_ERROR == 3,

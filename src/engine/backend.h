@@ -46,7 +46,8 @@ typedef struct {
 typedef struct {
     const char *name;
     /* Bytes of one K or V element in this backend's KV cache (4 = F32,
-     * 2 = F16): kv_cache_bytes is turned into tokens with it. */
+     * 2 = F16; 0 = as the resolved kv_dtype says): kv_cache_bytes is
+     * turned into tokens with it. */
     int kv_elem_bytes;
     /* Prepare weights and workspaces, and allocate the KV pool. *n_blocks:
      * in: blocks wanted (from kv_cache_tokens / kv_cache_bytes, or 0 = let

@@ -20,6 +20,7 @@
 #include "engine/kv_blocks.h"
 #include "engine/nf4.h"
 #include "engine/threadpool.h"
+#include "dolphin/log.h"
 
 #define LOGIT_ROWS_CHUNK 64
 #define HUGE_PAGE ((size_t)2 << 20)
@@ -54,6 +55,7 @@ typedef struct {
     void **owned;             /* buffers converted at load */
     int n_owned, cap_owned;
     size_t weight_bytes;
+    size_t released_bytes;    /* checkpoint pages dropped after conversion */
     dol_quant_stats qs;       /* linear layers: formats, sizes, quantization time */
 
     /* paged KV cache: block b holds, for every layer l and KV head h, the
@@ -68,8 +70,10 @@ typedef struct {
      * of two runs 48 KiB apart. */
     int block_size, n_blocks;
     const dol_kv_blocks *kv;  /* the engine's block tables, during forward */
-    float *kv_pool;
-    size_t block_floats;
+    void *kv_pool;
+    bool kv_f16;              /* elements are F16 (kv_cache_dtype), else F32 */
+    size_t kv_elem;           /* bytes per element: 2 or 4 */
+    size_t block_floats;      /* elements per block (F16 or F32) */
 
     /* RoPE tables [ctx][head_dim/2] */
     float *rope_cos, *rope_sin;
@@ -179,6 +183,133 @@ static dol_cpu_weight weight_of(const linear_w *w)
                              (int)w->w.cols, w->packed };
 }
 
+/* One tensor of the load plan: a norm (to f32) or a linear layer. */
+typedef struct {
+    const dol_tensor *src;
+    float **norm;       /* a norm: where its f32 copy goes */
+    linear_w *lin;      /* a linear layer: prep_linear's destination */
+    dol_weight_format fmt;
+    char what[96];
+} load_item;
+
+static size_t tensor_bytes(const dol_tensor *t)
+{
+    return (size_t)(t->rows * t->cols) * dol_dtype_size(t->dtype);
+}
+
+/* Convert every weight in checkpoint order (layer by layer), each tensor's
+ * conversion spread over the pool (dol_cpu_pack, dol_nf4_quantize), the
+ * next tensor's pages asked for before this one starts (dol_model_prefetch)
+ * and this one's released after (dol_model_release). The embedding stays
+ * in the mapping (read row by row). A load over a second logs its progress
+ * about once a second. */
+static int load_weights(cpu_engine *e, const dol_model *model, const dol_engine_params *p,
+                        char *err, size_t errlen)
+{
+    static const char *const lin_names[7] = { "self_attn.q_proj", "self_attn.k_proj",
+                                              "self_attn.v_proj", "self_attn.o_proj",
+                                              "mlp.gate_proj",    "mlp.up_proj",
+                                              "mlp.down_proj" };
+    const int n_items = e->c.n_layers * 9 + 2;
+    load_item *it = calloc((size_t)n_items, sizeof *it);
+    if (!it) {
+        dol_set_err(err, errlen, "engine: out of memory while preparing weights");
+        return -1;
+    }
+    int n = 0;
+    for (int l = 0; l < e->c.n_layers; l++) {
+        const dol_layer_weights *w = &model->layers[e->l0 + l];
+        layer_w *lw = &e->L[l];
+        const dol_tensor *src[7] = { &w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down };
+        linear_w *dst[7] = { &lw->q, &lw->k, &lw->v, &lw->o, &lw->gate, &lw->up, &lw->down };
+        it[n++] = (load_item){ .src = &w->attn_norm, .norm = &lw->attn_norm };
+        for (int i = 0; i < 7; i++) {
+            if (i == 4) it[n++] = (load_item){ .src = &w->ffn_norm, .norm = &lw->ffn_norm };
+            it[n] = (load_item){ .src = src[i], .lin = dst[i], .fmt = p->weights };
+            snprintf(it[n].what, sizeof it[n].what, "model.layers.%d.%s.weight", e->l0 + l,
+                     lin_names[i]);
+            n++;
+        }
+    }
+    if (e->has_head) {   /* the range holding the final norm and lm_head */
+        it[n++] = (load_item){ .src = &model->final_norm, .norm = &e->final_norm };
+        dol_weight_format head_fmt = p->weights;
+        if (head_fmt == DOL_WEIGHTS_NF4 && !p->quantize_lm_head) head_fmt = DOL_WEIGHTS_AUTO;
+        it[n] = (load_item){ .src = &model->lm_head, .lin = &e->lm_head, .fmt = head_fmt };
+        snprintf(it[n].what, sizeof it[n].what, "lm_head.weight");
+        n++;
+    }
+
+    size_t total = 0, done = 0;
+    for (int i = 0; i < n; i++) total += tensor_bytes(it[i].src);
+    const double t0 = dol_now_ms();
+    double last_log = t0;
+    int rc = 0;
+    if (n > 0) dol_model_prefetch(model, it[0].src);
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (i + 1 < n) dol_model_prefetch(model, it[i + 1].src);
+        if (it[i].norm) {
+            if (!(*it[i].norm = norm_f32(e, it[i].src))) {
+                dol_set_err(err, errlen, "engine: out of memory while preparing weights");
+                rc = -1;
+            }
+        } else {
+            rc = prep_linear(e, it[i].fmt, it[i].src, it[i].lin, it[i].what, err, errlen);
+        }
+        /* the embedding is read in place: a tied lm_head leaves its pages
+         * to fault back in row by row */
+        e->released_bytes += dol_model_release(model, it[i].src);
+        done += tensor_bytes(it[i].src);
+        const double now = dol_now_ms();
+        if (now - last_log >= 1000.0 && i + 1 < n) {
+            dol_log(DOL_LOG_INFO, "weights_loading", "bytes_done=%zu bytes_total=%zu mb_s=%.0f",
+                    done, total, done / 1e6 / ((now - t0) / 1000.0));
+            last_log = now;
+        }
+    }
+    if (rc == 0) {
+        const double s = (dol_now_ms() - t0) / 1000.0;
+        dol_log(DOL_LOG_INFO, "weights_prepared",
+                "bytes=%zu held_bytes=%zu released_bytes=%zu seconds=%.3f mb_s=%.0f", total,
+                e->weight_bytes, e->released_bytes, s, s > 0 ? total / 1e6 / s : 0.0);
+    }
+    free(it);
+    return rc;
+}
+
+/* Bytes the kernel reports as available (MemAvailable, /proc/meminfo), or
+ * 0 when unknown. */
+static size_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (size_t)kb * 1024;
+}
+
+/* The default pool, once the weights are held: kv_memory_fraction of the
+ * memory still available, at most what max_seqs full contexts use, never
+ * less than one full context (docs/configuration.md, kv_cache_memory_fraction).
+ * Without /proc/meminfo: max_seqs contexts capped at 1 GiB. */
+static int64_t default_kv_blocks(const cpu_engine *e, const dol_engine_params *p, int ctx, int bs)
+{
+    const size_t per_token = (size_t)e->c.n_layers * 2 * e->kv_dim * e->kv_elem;
+    int64_t tokens = (int64_t)p->max_seqs * ctx;
+    const size_t avail = mem_available();
+    const double frac = p->kv_memory_fraction > 0 ? p->kv_memory_fraction : 0.9;
+    int64_t cap = avail ? (int64_t)(frac * (double)avail / (double)per_token)
+                        : ((int64_t)1 << 30) / (int64_t)per_token;
+    if (tokens > cap) tokens = cap;
+    if (tokens < ctx) tokens = ctx;
+    int64_t blocks = (tokens + bs - 1) / bs;
+    if (blocks > INT32_MAX / 2) blocks = INT32_MAX / 2;
+    return blocks < 1 ? 1 : blocks;
+}
+
 /* ---- create / free ------------------------------------------------------- */
 
 /* Zeroed n * sz bytes on a 64-byte boundary (calloc gives 16 for large
@@ -228,51 +359,27 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
     if (!e->pool) { dol_set_err(err, errlen, "engine: cannot start %d threads", threads); goto fail; }
 
     /* weights: norms as f32, linear layers as p->weights says (lm_head
-     * keeps the checkpoint's precision under nf4 unless quantize_lm_head) */
+     * keeps the checkpoint's precision under nf4 unless quantize_lm_head),
+     * streamed: one tensor at a time, the next one's pages read ahead
+     * meanwhile, each one's checkpoint pages dropped once it is converted,
+     * so the weights are held once and the load peak is one copy plus a
+     * tensor */
     e->L = calloc((size_t)c->n_layers, sizeof *e->L);
     if (!e->L) goto oom;
-    for (int l = 0; l < c->n_layers; l++) {
-        const dol_layer_weights *w = &model->layers[e->l0 + l];
-        layer_w *lw = &e->L[l];
-        if (!(lw->attn_norm = norm_f32(e, &w->attn_norm))) goto oom;
-        if (!(lw->ffn_norm = norm_f32(e, &w->ffn_norm))) goto oom;
-        const struct { const dol_tensor *src; linear_w *dst; const char *name; } lin[] = {
-            { &w->q, &lw->q, "self_attn.q_proj" },  { &w->k, &lw->k, "self_attn.k_proj" },
-            { &w->v, &lw->v, "self_attn.v_proj" },  { &w->o, &lw->o, "self_attn.o_proj" },
-            { &w->gate, &lw->gate, "mlp.gate_proj" }, { &w->up, &lw->up, "mlp.up_proj" },
-            { &w->down, &lw->down, "mlp.down_proj" },
-        };
-        for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) {
-            char what[96];
-            snprintf(what, sizeof what, "model.layers.%d.%s.weight", e->l0 + l, lin[i].name);
-            if (prep_linear(e, p->weights, lin[i].src, lin[i].dst, what, err, errlen)) goto fail;
-        }
-    }
-    if (e->has_head) {
-        if (!(e->final_norm = norm_f32(e, &model->final_norm))) goto oom;
-        dol_weight_format head_fmt = p->weights;
-        if (head_fmt == DOL_WEIGHTS_NF4 && !p->quantize_lm_head) head_fmt = DOL_WEIGHTS_AUTO;
-        if (prep_linear(e, head_fmt, &model->lm_head, &e->lm_head, "lm_head.weight", err, errlen))
-            goto fail;
-    }
+    if (load_weights(e, model, p, err, errlen) != 0) goto fail;
     if (e->has_embed) {
         e->embed = model->embed; /* read row by row in its own dtype */
         e->weight_bytes += (size_t)(model->embed.rows * model->embed.cols) * dol_dtype_size(model->embed.dtype);
     }
 
-    /* KV pool: as asked, else enough for max_seqs full contexts capped at 1 GiB */
-    size_t per_token = (size_t)c->n_layers * 2 * e->kv_dim * sizeof(float);
-    int64_t blocks = *n_blocks;
-    if (blocks <= 0) {
-        int64_t tokens = (int64_t)p->max_seqs * ctx;
-        int64_t cap = ((int64_t)1 << 30) / (int64_t)per_token;
-        if (tokens > cap) tokens = cap;
-        blocks = (tokens + bs - 1) / bs;
-        if (blocks < 1) blocks = 1;
-    }
+    /* KV pool: as asked, else sized from the memory left after the weights */
+    e->kv_f16 = p->kv_dtype == DOL_KV_F16;
+    e->kv_elem = e->kv_f16 ? 2 : sizeof(float);
     e->block_floats = (size_t)c->n_layers * 2 * (size_t)bs * e->kv_dim;
-    size_t kv_bytes = (size_t)blocks * e->block_floats * sizeof(float);
-    if (posix_memalign((void **)&e->kv_pool, HUGE_PAGE, kv_bytes) != 0) {
+    int64_t blocks = *n_blocks;
+    if (blocks <= 0) blocks = default_kv_blocks(e, p, ctx, bs);
+    size_t kv_bytes = (size_t)blocks * e->block_floats * e->kv_elem;
+    if (posix_memalign(&e->kv_pool, HUGE_PAGE, kv_bytes) != 0) {
         dol_set_err(err, errlen, "kv_cache: cannot allocate %zu bytes for %lld blocks of %d tokens",
                     kv_bytes, (long long)blocks, bs);
         e->kv_pool = NULL;
@@ -354,7 +461,7 @@ static void cpu_destroy(void *impl)
 static size_t cpu_kv_bytes_per_token(void *impl)
 {
     cpu_engine *e = impl;
-    return (size_t)e->c.n_layers * 2 * e->kv_dim * sizeof(float);
+    return (size_t)e->c.n_layers * 2 * e->kv_dim * e->kv_elem;
 }
 
 static size_t cpu_weight_bytes(void *impl) { return ((cpu_engine *)impl)->weight_bytes; }
@@ -370,11 +477,11 @@ static int cpu_memory_info(void *impl, size_t *used, size_t *total)
 
 /* Start of KV head h's K (which = 0) or V (1) run of layer `layer` in a
  * block (block_size * head_dim floats; layout above). */
-static float *kv_head(const cpu_engine *e, int32_t block, int layer, int h, int which)
+static void *kv_head(const cpu_engine *e, int32_t block, int layer, int h, int which)
 {
-    return e->kv_pool + (size_t)block * e->block_floats +
-           (size_t)layer * 2 * e->block_size * e->kv_dim +
-           (size_t)(h * 2 + which) * e->block_size * e->c.head_dim;
+    return (char *)e->kv_pool +
+           ((size_t)block * e->block_floats + (size_t)layer * 2 * e->block_size * e->kv_dim +
+            (size_t)(h * 2 + which) * e->block_size * e->c.head_dim) * e->kv_elem;
 }
 
 /* Store KV heads h0 .. h1-1 of one token's K and V rows (kv_dim floats
@@ -385,10 +492,16 @@ static void kv_store(cpu_engine *e, int32_t block, int layer, int row, const flo
 {
     const int hd = e->c.head_dim;
     for (int h = h0; h < h1; h++) {
+        const float *kh = k + (size_t)h * hd, *vh = v + (size_t)h * hd;
+        if (e->kv_f16) { /* round to nearest even (dol_f32_to_f16) */
+            uint16_t *kt = kv_head(e, block, layer, h, 0), *vt = kv_head(e, block, layer, h, 1);
+            for (int c = 0; c < hd; c++) kt[(size_t)c * e->block_size + row] = dol_f32_to_f16(kh[c]);
+            for (int c = 0; c < hd; c++) vt[(size_t)row * hd + c] = dol_f32_to_f16(vh[c]);
+            continue;
+        }
         float *kt = kv_head(e, block, layer, h, 0);
-        for (int c = 0; c < hd; c++) kt[(size_t)c * e->block_size + row] = k[(size_t)h * hd + c];
-        memcpy(kv_head(e, block, layer, h, 1) + (size_t)row * hd, v + (size_t)h * hd,
-               sizeof(float) * hd);
+        for (int c = 0; c < hd; c++) kt[(size_t)c * e->block_size + row] = kh[c];
+        memcpy((float *)kv_head(e, block, layer, h, 1) + (size_t)row * hd, vh, sizeof(float) * hd);
     }
 }
 
@@ -418,9 +531,9 @@ static void cpu_copy_block(void *impl, int32_t src, int32_t dst, int rows)
     const size_t head = (size_t)e->block_size * e->c.head_dim;
     for (int l = 0; l < e->c.n_layers; l++) {
         for (int h = 0; h < e->c.n_kv_heads; h++) {
-            memcpy(kv_head(e, dst, l, h, 0), kv_head(e, src, l, h, 0), sizeof(float) * head);
+            memcpy(kv_head(e, dst, l, h, 0), kv_head(e, src, l, h, 0), e->kv_elem * head);
             memcpy(kv_head(e, dst, l, h, 1), kv_head(e, src, l, h, 1),
-                   sizeof(float) * (size_t)rows * e->c.head_dim);
+                   e->kv_elem * (size_t)rows * e->c.head_dim);
         }
     }
 }
@@ -447,13 +560,18 @@ static void attn_one(const attn_job *j, int t, int h, int worker)
     const dol_model_config *c = &e->c;
     const int hd = c->head_dim;
     const int kvh = h / (c->n_heads / c->n_kv_heads);
-    const float *k_base = kv_head(e, 0, j->layer, kvh, 0);
-    const float *v_base = kv_head(e, 0, j->layer, kvh, 1);
+    const void *k_base = kv_head(e, 0, j->layer, kvh, 0);
+    const void *v_base = kv_head(e, 0, j->layer, kvh, 1);
     const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
-    j->kern->attn_head(e->q + (size_t)t * e->q_dim + (size_t)h * hd, hd, e->tok_pos[t] + 1, k_base,
-                       v_base, s->table, e->block_size, e->block_floats, hd,
-                       1.0f / sqrtf((float)hd), e->scores + (size_t)worker * e->scores_stride,
-                       e->att + (size_t)t * e->q_dim + (size_t)h * hd);
+    const float *q = e->q + (size_t)t * e->q_dim + (size_t)h * hd;
+    float *out = e->att + (size_t)t * e->q_dim + (size_t)h * hd;
+    float *sc = e->scores + (size_t)worker * e->scores_stride;
+    if (e->kv_f16)
+        j->kern->attn_head_h(q, hd, e->tok_pos[t] + 1, k_base, v_base, s->table, e->block_size,
+                             e->block_floats, hd, 1.0f / sqrtf((float)hd), sc, out);
+    else
+        j->kern->attn_head(q, hd, e->tok_pos[t] + 1, k_base, v_base, s->table, e->block_size,
+                           e->block_floats, hd, 1.0f / sqrtf((float)hd), sc, out);
 }
 
 /* Bytes of a head's K/V that kv_prefetch asks for into L1 (small beside a
@@ -473,7 +591,7 @@ static void kv_prefetch(const cpu_engine *e, int t, int layer, int g)
 {
     const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
     const int n = e->tok_pos[t] + 1, bs = e->block_size;
-    const size_t run = 2 * (size_t)bs * (size_t)e->c.head_dim * sizeof(float);
+    const size_t run = 2 * (size_t)bs * (size_t)e->c.head_dim * e->kv_elem;
     size_t asked = 0;
     for (int b = 0; b < (n + bs - 1) / bs && asked < KV_PREFETCH_MAX_BYTES; b++, asked += run) {
         const char *p = (const char *)kv_head(e, s->table[b], layer, g, 0);
@@ -699,7 +817,7 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
 
 const dol_backend_ops dol_cpu_backend = {
     .name = "cpu",
-    .kv_elem_bytes = sizeof(float),
+    .kv_elem_bytes = 0, /* kv_cache_dtype: F32 or F16 */
     .create = cpu_create,
     .destroy = cpu_destroy,
     .forward = cpu_forward,

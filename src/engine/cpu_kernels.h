@@ -103,6 +103,13 @@ typedef struct dol_cpu_kernels {
     void (*attn_head)(const float *q, int head_dim, int n, const float *k_base,
                       const float *v_base, const int32_t *table, int bs, size_t block_floats,
                       int v_stride, float scale, float *scratch, float *out);
+    /* The same over a KV cache of F16 (kv_cache_dtype f16): k_base, v_base
+     * and block_floats count F16 elements; each element is widened to f32
+     * exactly, then the operations above run in the same order, so the
+     * result is what attn_head gives over the widened cache. */
+    void (*attn_head_h)(const float *q, int head_dim, int n, const uint16_t *k_base,
+                        const uint16_t *v_base, const int32_t *table, int bs, size_t block_floats,
+                        int v_stride, float scale, float *scratch, float *out);
 } dol_cpu_kernels;
 
 /* Packed weights. A decode step streams every weight once, so the product

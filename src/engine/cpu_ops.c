@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -137,9 +138,63 @@ typedef struct {
     float *const *rows;         /* EPI_SCATTER: where row t of the product goes */
 } fused_job;
 
+/* Rows of x from which an NF4 product dequantizes its weights once per
+ * panel group (below) instead of decoding them in registers per tile of x;
+ * rows of W per group (four 4-row panels: the packed kernel's streams). */
+#define NF4_PANEL_MIN_T 8
+#define NF4_PANEL_ROWS 16
+
+/* The NF4 product for prefill-sized T: each group of NF4_PANEL_ROWS rows of
+ * W is dequantized once into an F32 tile in the packed layout
+ * (cpu_kernels.h), which the packed F32 kernel then runs against all T rows
+ * of x. Each element is still x[k] * (level x scale) accumulated lane by
+ * lane in k order and summed as nf4_rows sums it (K a multiple of the NF4
+ * block, see nf4_panel_ok), so the bits are nf4_rows' and outputs stay
+ * batch-invariant. Returns -1 (nothing done) when the tile cannot be had. */
+static int nf4_rows_panel(const fused_job *j, const dol_nf4_matrix *W, float *out, int n0, int n1)
+{
+    const int K = (int)W->cols, N = (int)W->rows;
+    float *tile = malloc(sizeof(float) * (size_t)NF4_PANEL_ROWS * (size_t)K);
+    if (!tile) return -1;
+    float blk[DOL_NF4_BLOCK];
+    for (int n = n0; n < n1; n += NF4_PANEL_ROWS) {
+        const int m = n1 - n < NF4_PANEL_ROWS ? n1 - n : NF4_PANEL_ROWS;
+        const int padded = (m + DOL_PACK_ROWS - 1) / DOL_PACK_ROWS * DOL_PACK_ROWS;
+        for (int r = 0; r < padded; r++) {
+            float *panel = tile + (size_t)(r / DOL_PACK_ROWS) * DOL_PACK_ROWS * (size_t)K +
+                           (size_t)(r % DOL_PACK_ROWS) * DOL_PACK_K;
+            for (int64_t b = 0; b < W->blocks_per_row; b++) {
+                if (r < m) dol_nf4_dequantize_block(W, n + r, b, blk);
+                else memset(blk, 0, sizeof blk);
+                for (int q = 0; q < DOL_NF4_BLOCK / DOL_PACK_K; q++)
+                    memcpy(panel + ((size_t)b * (DOL_NF4_BLOCK / DOL_PACK_K) + (size_t)q) *
+                                       DOL_PACK_ROWS * DOL_PACK_K,
+                           blk + q * DOL_PACK_K, sizeof(float) * DOL_PACK_K);
+            }
+        }
+        /* the tile holds the packed rows n .. n+m-1 of W: the kernel finds
+         * panel p at Wp + p * DOL_PACK_ROWS * K, so it is given the address
+         * where a whole packed W would start (never read below the tile) */
+        const void *wp = (const void *)((uintptr_t)tile - (uintptr_t)n * (uintptr_t)K * sizeof(float));
+        j->k->matmul_packed_rows(out, j->x, j->T, K, wp, DOL_DTYPE_F32, N, n, n + m);
+    }
+    free(tile);
+    return 0;
+}
+
+/* Whether nf4_rows_panel gives nf4_rows' bits: K whole NF4 blocks, and
+ * whole chunks of the packed layout. */
+static bool nf4_panel_ok(const dol_nf4_matrix *W)
+{
+    return W->cols % DOL_NF4_BLOCK == 0 && DOL_NF4_BLOCK % DOL_PACK_K == 0;
+}
+
 static void rows_of(const fused_job *j, int i, float *out, int n0, int n1)
 {
     const dol_cpu_weight *w = j->W[i];
+    if (w->nf4 && j->T >= NF4_PANEL_MIN_T && nf4_panel_ok(w->nf4) &&
+        nf4_rows_panel(j, w->nf4, out, n0, n1) == 0)
+        return;
     if (w->nf4) j->k->nf4_rows(out, j->x, j->T, w->nf4, n0, n1);
     else if (w->packed) j->k->matmul_packed_rows(out, j->x, j->T, j->K, w->w, w->wtype, w->N, n0, n1);
     else j->k->matmul_rows(out, j->x, j->T, j->K, w->w, w->wtype, w->N, n0, n1);
@@ -290,21 +345,43 @@ static float src_elem(const void *src, dol_dtype t, size_t i)
     return ((const float *)src)[i];
 }
 
+/* n elements from src (src_t) to dst (dst_t); zeros when src is NULL */
+static void pack_run(void *dst, dol_dtype dst_t, const void *src, dol_dtype src_t, int n)
+{
+    const size_t dsz = dol_dtype_size(dst_t);
+    if (!src) {
+        memset(dst, 0, (size_t)n * dsz);
+    } else if (dst_t == src_t) {
+        memcpy(dst, src, (size_t)n * dsz);
+    } else if (dst_t == DOL_DTYPE_F32) {
+        for (int i = 0; i < n; i++) ((float *)dst)[i] = src_elem(src, src_t, (size_t)i);
+    } else {
+        for (int i = 0; i < n; i++) ((uint16_t *)dst)[i] = dol_f32_to_f16(src_elem(src, src_t, (size_t)i));
+    }
+}
+
+/* One panel, written in order: for each chunk of DOL_PACK_K weights the
+ * chunks of its DOL_PACK_ROWS rows, then the rows' tails (the layout of
+ * dol_cpu_packed_index), copied run by run rather than element by element. */
 static void pack_task(void *ctx, int panel, int worker)
 {
     (void)worker;
     const pack_job *j = ctx;
-    for (int n = panel * DOL_PACK_ROWS; n < (panel + 1) * DOL_PACK_ROWS; n++)
-        for (int k = 0; k < j->K; k++) {
-            size_t d = dol_cpu_packed_index(n, k, j->K), s = (size_t)n * j->K + (size_t)k;
-            if (j->dst_t == j->src_t && j->dst_t != DOL_DTYPE_F32) { /* 16-bit copy, or zero padding */
-                ((uint16_t *)j->dst)[d] = n < j->N ? ((const uint16_t *)j->src)[s] : 0;
-                continue;
-            }
-            float f = n < j->N ? src_elem(j->src, j->src_t, s) : 0.0f;
-            if (j->dst_t == DOL_DTYPE_F32) ((float *)j->dst)[d] = f;
-            else ((uint16_t *)j->dst)[d] = dol_f32_to_f16(f);
+    const int K = j->K, kc = K - K % DOL_PACK_K, n0 = panel * DOL_PACK_ROWS;
+    const size_t dsz = dol_dtype_size(j->dst_t), ssz = dol_dtype_size(j->src_t);
+    char *d = (char *)j->dst + (size_t)n0 * (size_t)K * dsz;
+    const char *s = j->src;
+    for (int k = 0; k < kc; k += DOL_PACK_K)
+        for (int r = 0; r < DOL_PACK_ROWS; r++, d += DOL_PACK_K * dsz) {
+            const int n = n0 + r;
+            pack_run(d, j->dst_t, n < j->N ? s + ((size_t)n * K + (size_t)k) * ssz : NULL, j->src_t,
+                     DOL_PACK_K);
         }
+    for (int r = 0; r < DOL_PACK_ROWS && kc < K; r++, d += (size_t)(K - kc) * dsz) {
+        const int n = n0 + r;
+        pack_run(d, j->dst_t, n < j->N ? s + ((size_t)n * K + (size_t)kc) * ssz : NULL, j->src_t,
+                 K - kc);
+    }
 }
 
 int dol_cpu_pack(dol_pool *pool, void *dst, dol_dtype dst_t, const void *src, dol_dtype src_t,

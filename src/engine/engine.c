@@ -18,6 +18,7 @@ struct dol_engine {
     const dol_backend_ops *ops;
     void *impl;
     int ctx, vocab, max_T, n_layers;
+    dol_kv_dtype kv_dtype;
     dol_kv_blocks kv;
     int32_t *tok_id, *tok_seq, *tok_pos;
 };
@@ -29,6 +30,25 @@ bool dol_engine_cuda_built(void)
 #else
     return false;
 #endif
+}
+
+/* KV element type: F32 only with F32 weights (so F32 runs match the
+ * float64 references as closely as before), else F16; a backend with a
+ * fixed element size (CUDA: F16) decides for itself. */
+static dol_kv_dtype kv_dtype_of(const dol_model *model, const dol_engine_params *p, int backend_elem)
+{
+    if (backend_elem == 2) return DOL_KV_F16;
+    if (p->kv_dtype != DOL_KV_AUTO) return p->kv_dtype;
+    bool f32 = p->weights == DOL_WEIGHTS_F32 ||
+               (p->weights == DOL_WEIGHTS_AUTO && model->cfg.n_layers > 0 && model->layers &&
+                model->layers[0].q.dtype == DOL_DTYPE_F32);
+    return f32 ? DOL_KV_F32 : DOL_KV_F16;
+}
+
+/* Bytes of one KV element: the backend's own size, or the dtype's. */
+static int kv_elem_bytes(int backend_elem, dol_kv_dtype dt)
+{
+    return backend_elem > 0 ? backend_elem : dt == DOL_KV_F16 ? 2 : (int)sizeof(float);
 }
 
 /* Context length, block size and the KV blocks asked for (0 = the backend
@@ -78,7 +98,9 @@ int dol_engine_create(const dol_model *model, const dol_engine_params *p,
              * asked: the one-device path, with no placement layer in it */
             int ctx, bs;
             int64_t want;
-            if (engine_sizes(model, p, dol_cuda_backend.kv_elem_bytes, &ctx, &bs, &want, err, errlen) != 0)
+            if (engine_sizes(model, p, kv_elem_bytes(dol_cuda_backend.kv_elem_bytes,
+                                                     kv_dtype_of(model, p, dol_cuda_backend.kv_elem_bytes)),
+                             &ctx, &bs, &want, err, errlen) != 0)
                 return -1;
             dol_placement pl;
             int rc = dol_placement_plan(model, p, ctx, bs, want, &pl, err, errlen);
@@ -117,13 +139,16 @@ int dol_engine_create_with(const dol_backend_ops *ops, const dol_model *model,
     e->n_layers = c->n_layers;
     e->max_T = p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048;
     int bs, max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
+    dol_engine_params bp = *p;
+    bp.kv_dtype = kv_dtype_of(model, p, ops->kv_elem_bytes);
+    e->kv_dtype = bp.kv_dtype;
     int64_t want;
-    if (engine_sizes(model, p, ops->kv_elem_bytes, &e->ctx, &bs, &want, err, errlen) != 0) {
+    if (engine_sizes(model, p, kv_elem_bytes(ops->kv_elem_bytes, bp.kv_dtype), &e->ctx, &bs, &want,
+                     err, errlen) != 0) {
         free(e);
         return -1;
     }
     int n_blocks = (int)want;
-    dol_engine_params bp = *p;
     bp.max_seqs = max_seqs;
     bp.max_batch_tokens = e->max_T;
     int rc = ops->create(model, &bp, e->ctx, bs, &n_blocks, &e->impl, err, errlen);
@@ -214,6 +239,10 @@ int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total)
     return 0;
 }
 int dol_engine_context_len(const dol_engine *e) { return e->ctx; }
+const char *dol_engine_kv_dtype_name(const dol_engine *e)
+{
+    return e->kv_dtype == DOL_KV_F16 ? "f16" : "f32";
+}
 int dol_engine_vocab_size(const dol_engine *e) { return e->vocab; }
 int dol_engine_seq_new(dol_engine *e) { return dol_kv_seq_new(&e->kv); }
 void dol_engine_seq_free(dol_engine *e, int seq) { dol_kv_seq_free(&e->kv, seq); }

@@ -248,6 +248,11 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
             cJSON_AddNumberToObject(kv, "blocks_used", st->kv_blocks_used);
             cJSON_AddNumberToObject(kv, "blocks_total", st->kv_blocks_total);
             cJSON_AddNumberToObject(kv, "block_size", st->kv_block_size);
+            const double tokens = (double)st->kv_blocks_total * st->kv_block_size;
+            cJSON_AddNumberToObject(kv, "tokens_total", tokens);
+            cJSON_AddNumberToObject(kv, "full_contexts",
+                                    st->context_len > 0 ? tokens / st->context_len : 0.0);
+            cJSON_AddStringToObject(kv, "dtype", st->kv_dtype ? st->kv_dtype : "f32");
             cJSON_AddNumberToObject(kv, "blocks_cached", st->kv_blocks_cached);
             cJSON_AddNumberToObject(kv, "prefix_cache_query_tokens",
                                     (double)st->prefix_cache_query_tokens);

@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define CONFIG_NAME "config.json"
 #define WEIGHTS_NAME "model.safetensors"
@@ -685,4 +687,42 @@ void dol_model_free(dol_model *m)
     }
     free(m->layers);
     free(m);
+}
+
+/* ----------------------------------------------------------------------------
+ * page hints */
+
+/* The page-aligned range [*a, *b) of the mapping that holds t's bytes, or
+ * false when t is not inside any mapping (an aligned copy). */
+static bool tensor_pages(const dol_model *m, const dol_tensor *t, uintptr_t *a, uintptr_t *b)
+{
+    const model_priv *p = m ? m->priv : NULL;
+    if (!p || !t || !t->data) return false;
+    uintptr_t lo = (uintptr_t)t->data;
+    uintptr_t hi = lo + (uintptr_t)(t->rows * t->cols) * dol_dtype_size(t->dtype);
+    for (int i = 0; i < p->n_files; i++) {
+        uintptr_t m0 = (uintptr_t)p->files[i].map, m1 = m0 + p->files[i].map_len;
+        if (lo < m0 || hi > m1) continue;
+        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        *a = lo & ~(page - 1);
+        *b = (hi + page - 1) & ~(page - 1);
+        if (*b > ((m1 + page - 1) & ~(page - 1))) *b = (m1 + page - 1) & ~(page - 1);
+        return *b > *a;
+    }
+    return false;
+}
+
+void dol_model_prefetch(const dol_model *m, const dol_tensor *t)
+{
+    uintptr_t a, b;
+    if (tensor_pages(m, t, &a, &b)) (void)madvise((void *)a, b - a, MADV_WILLNEED);
+}
+
+size_t dol_model_release(const dol_model *m, const dol_tensor *t)
+{
+    uintptr_t a, b;
+    if (!tensor_pages(m, t, &a, &b)) return 0;
+    /* read-only private file mapping never written: the pages are the page
+     * cache's, so dropping them loses nothing */
+    return madvise((void *)a, b - a, MADV_DONTNEED) == 0 ? (size_t)(b - a) : 0;
 }

@@ -224,10 +224,10 @@ static int warm_up(dol_models *m, const char *name, dol_scheduler *sched, const 
 {
     const dol_config *cfg = m->cfg;
     double t0 = dol_now_ms();
-    int rc = warm_one(m, sched, mdl, 1, 1, 4, err, errlen);
+    int rc = warm_one(m, sched, mdl, 1, 1, 2, err, errlen);
     if (rc == 1) return -1;   /* the smallest shape must fit */
     if (rc != 0) return rc;
-    int prompt = cfg->prefill_chunk < 32 ? cfg->prefill_chunk : 32;
+    int prompt = cfg->prefill_chunk < 16 ? cfg->prefill_chunk : 16;
     if (prompt > ctx / 2) prompt = ctx / 2;
     int batch = cfg->max_batch_size;
     int full = prompt >= 2 ? warm_one(m, sched, mdl, prompt, batch, 2, err, errlen) : 1;
@@ -305,6 +305,8 @@ static int load_objects(dol_models *m, const dol_model_entry *me, objects *o, ch
     ep.kv_cache_tokens = cfg->kv_cache_tokens;
     ep.prefix_caching = cfg->prefix_caching;
     ep.kv_cache_bytes = cfg->kv_cache_bytes;
+    ep.kv_dtype = cfg->kv_cache_dtype;
+    ep.kv_memory_fraction = cfg->kv_cache_memory_fraction;
     ep.max_seqs = cfg->max_batch_size + 1;
     ep.max_batch_tokens = cfg->prefill_chunk + cfg->max_batch_size;
     ep.context_len = me->context_len;
@@ -335,13 +337,19 @@ static int load_objects(dol_models *m, const dol_model_entry *me, objects *o, ch
     if (dol_scheduler_create(o->engine, o->tok, &sp, &o->sched, err, errlen) != 0) goto fail;
     dol_log(DOL_LOG_INFO, "model_loaded",
             "backend=%s cpu_kernels=%s model=%s path=%s layers=%d hidden=%d heads=%d kv_heads=%d "
-            "vocab=%d ctx=%d weight_bytes=%zu kv_blocks=%d kv_block_size=%d threads=%d "
-            "load_ms=%.0f",
+            "vocab=%d ctx=%d weight_bytes=%zu kv_blocks=%d kv_block_size=%d kv_cache_dtype=%s "
+            "kv_tokens=%lld kv_contexts=%.2f kv_bytes=%zu threads=%d load_ms=%.0f",
             dol_engine_backend_name(o->engine), dol_engine_cpu_kernels(), me->name, me->path,
             o->model->cfg.n_layers, o->model->cfg.hidden_size, o->model->cfg.n_heads,
             o->model->cfg.n_kv_heads, o->model->cfg.vocab_size, dol_engine_context_len(o->engine),
             dol_engine_weight_bytes(o->engine), dol_engine_kv_blocks_total(o->engine),
-            dol_engine_kv_block_size(o->engine), m->threads, dol_now_ms() - t0);
+            dol_engine_kv_block_size(o->engine), dol_engine_kv_dtype_name(o->engine),
+            (long long)dol_engine_kv_blocks_total(o->engine) * dol_engine_kv_block_size(o->engine),
+            (double)dol_engine_kv_blocks_total(o->engine) * dol_engine_kv_block_size(o->engine) /
+                dol_engine_context_len(o->engine),
+            (size_t)dol_engine_kv_blocks_total(o->engine) * dol_engine_kv_block_size(o->engine) *
+                dol_engine_kv_bytes_per_token(o->engine),
+            m->threads, dol_now_ms() - t0);
     if (strcmp(dol_engine_backend_name(o->engine), "cuda") == 0)
         dol_log(DOL_LOG_WARN, "cuda_unverified",
                 "model=%s msg=\"this CUDA backend has been verified under the CUDA emulation "

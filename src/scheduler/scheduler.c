@@ -955,6 +955,8 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     s->st.n_devices = dol_engine_devices(engine, s->st.devices, DOL_MAX_DEVICES + 1);
     s->st.kv_blocks_total = dol_engine_kv_blocks_total(engine);
     s->st.kv_block_size = dol_engine_kv_block_size(engine);
+    s->st.context_len = dol_engine_context_len(engine);
+    s->st.kv_dtype = dol_engine_kv_dtype_name(engine);
     if (!s->p.manual && pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {
         dol_set_err(err, errlen, "scheduler: cannot start its thread");
         pthread_cond_destroy(&s->cv);

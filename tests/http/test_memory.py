@@ -1,0 +1,87 @@
+"""Memory of the CPU backend after start-up: the weights held once (the
+checkpoint's pages released once converted) and the KV pool reported in
+tokens and full contexts (docs/configuration.md, kv_cache_dtype and
+kv_cache_memory_fraction).
+
+Runs the Release dolphind (DOLPHIN_RELEASE_BIN, default build/dolphind: an
+ASan build's shadow memory would swamp the figures) on a random checkpoint
+of the 110m shape (256 MB of F16) made by build/dol-make-random-model.
+"""
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dolphin_server import REPO, SHARED, Dolphind
+
+RELEASE_BIN = Path(os.environ.get("DOLPHIN_RELEASE_BIN", REPO / "build" / "dolphind"))
+MAKER = RELEASE_BIN.parent / "dol-make-random-model"
+RSS_RATIO = 1.15   # RSS after ready / (weight bytes + KV pool bytes)
+
+
+@pytest.fixture(scope="module")
+def model_110m(tmp_path_factory):
+    tok = SHARED / "models" / "tiny-llama2" / "tokenizer.model"
+    if not MAKER.is_file() or not RELEASE_BIN.is_file() or not tok.is_file():
+        pytest.skip("needs build/dolphind, build/dol-make-random-model and the shared tokenizer")
+    out = tmp_path_factory.mktemp("m110") / "random-110m"
+    subprocess.run([str(MAKER), "110m", str(out), "--tokenizer", str(tok)], check=True,
+                   stdout=subprocess.DEVNULL)
+    return out
+
+
+def _ready_figures(d):
+    h = d.health()
+    rss_kib, _ = d.rss_kib()
+    return h, rss_kib * 1024
+
+
+@pytest.mark.parametrize("weights", ["f16", "nf4"])
+def test_rss_after_ready_is_weights_plus_kv(model_110m, weights):
+    """RSS after ready within 1.15 x (weights + KV pool): before the pages of
+    the checkpoint were released it was about 2 x with F16 weights."""
+    d = Dolphind(model_110m, ["--weights", weights, "--kv-cache-tokens", "256"],
+                 binary=RELEASE_BIN)
+    try:
+        h, rss = _ready_figures(d)
+        weights_b = h["memory"]["weight_bytes"]
+        kv_b = h["memory"]["total_bytes"]   # the CPU backend reports its KV pool here
+        assert h["kv_cache"]["tokens_total"] == 256
+        ratio = rss / (weights_b + kv_b)
+        print(f"{weights}: rss={rss} weight_bytes={weights_b} kv_bytes={kv_b} ratio={ratio:.3f}")
+        assert ratio <= RSS_RATIO, (f"RSS {rss} is {ratio:.2f} x weights {weights_b} + KV {kv_b}")
+        m = re.search(r"event=weights_prepared .*released_bytes=(\d+)", d.log())
+        assert m and int(m.group(1)) > 0.9 * 219_000_000, "no weights_prepared line with the release"
+    finally:
+        d.stop()
+
+
+def test_kv_pool_default_and_dtype(model_110m):
+    """The default pool: f16 with F16 weights, sized from the memory left
+    (at least one full context, at most max_batch_size + 1), reported in
+    tokens and full contexts; kv_cache_dtype f32 doubles the bytes per
+    token."""
+    d = Dolphind(model_110m, ["--max-batch-size", "2"], binary=RELEASE_BIN)
+    try:
+        kv = d.health()["kv_cache"]
+        assert kv["dtype"] == "f16"
+        assert 1.0 <= kv["full_contexts"] <= 3.0
+        assert kv["tokens_total"] == kv["blocks_total"] * kv["block_size"]
+        assert re.search(r"event=model_loaded .*kv_cache_dtype=f16 kv_tokens=\d+ kv_contexts=",
+                         d.log())
+        f16_bytes = d.health()["memory"]["total_bytes"] / kv["tokens_total"]
+    finally:
+        d.stop()
+    d = Dolphind(model_110m, ["--kv-cache-dtype", "f32", "--kv-cache-tokens", "512"],
+                 binary=RELEASE_BIN)
+    try:
+        h = d.health()
+        assert h["kv_cache"]["dtype"] == "f32"
+        assert h["memory"]["total_bytes"] / h["kv_cache"]["tokens_total"] == 2 * f16_bytes
+        r = d.complete({"model": d.model, "prompt": "Once upon a time", "max_tokens": 4,
+                        "temperature": 0})
+        assert r.status_code == 200, r.text
+    finally:
+        d.stop()
