@@ -308,7 +308,7 @@ int main(int argc, char **argv)
                 dol_config_choice_name("weights", cfg.weights), qs.n_quantized, qs.quant_seconds,
                 qs.quant_bytes_before, qs.quant_bytes_after, qs.linear_bytes, qs.linear_f16_bytes,
                 qs.linear_f16_bytes ? (double)qs.linear_bytes / (double)qs.linear_f16_bytes : 0.0,
-                cfg.quantize_lm_head ? "nf4" : "kept");
+                cfg.quantize_lm_head ? dol_config_choice_name("weights", cfg.weights) : "kept");
 
     if ((sig = wait_signal(&sigs, 0)) != 0) goto stop_early;
     dol_server_set_state(srv, DOL_STATE_WARMING);

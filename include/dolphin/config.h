@@ -50,8 +50,8 @@ typedef struct {
     dol_backend_kind backend;    /* auto | cpu | cuda (default auto) */
     double gpu_memory_utilization; /* CUDA: share of device memory for weights,
                                     KV cache and workspaces (default 0.90) */
-    dol_weight_format weights;   /* auto | f32 | f16 | nf4 (default auto) */
-    bool quantize_lm_head;       /* weights nf4: quantize lm_head too (default true) */
+    dol_weight_format weights;   /* auto | f32 | f16 | nf4 | int8 (default auto) */
+    bool quantize_lm_head;       /* weights nf4 / int8: quantize lm_head too (default false) */
     int context_len;             /* 0 = max_position_embeddings */
     /* default sampling values, used when a request leaves them out */
     float temperature;           /* default 1.0 (OpenAI's) */

@@ -37,6 +37,13 @@ typedef enum {
                              the engine's thread pool; lm_head only when
                              quantize_lm_head. Products dequantize in registers
                              and accumulate in F32. */
+    DOL_WEIGHTS_INT8,     /* quantize every linear layer to 8 bits at load
+                             (llama.cpp's Q8_0 scheme: blocks of 32 weights
+                             along the input dimension, one F16 scale
+                             absmax/127 per block, 1.0625 bytes per weight;
+                             src/engine/q8.h); lm_head only when
+                             quantize_lm_head. Products dequantize in
+                             registers and accumulate in F32. */
 } dol_weight_format;
 
 /* Which backend runs the forward pass. */
@@ -67,10 +74,11 @@ typedef struct {
                                  later prompts that start with the same
                                  tokens (dol_engine_seq_match_prefix);
                                  {0} means off */
-    bool quantize_lm_head;    /* weights NF4: quantize lm_head too (true is the
-                                 usual choice; false keeps it as AUTO would:
-                                 the checkpoint's F32/F16/BF16). Other
-                                 formats ignore it. Note that {0} means false. */
+    bool quantize_lm_head;    /* weights NF4 / INT8: quantize lm_head too
+                                 (false, the default, keeps it as AUTO would:
+                                 the checkpoint's F32/F16/BF16, as
+                                 bitsandbytes' load_in_4bit does). Other
+                                 formats ignore it. */
 } dol_engine_params;
 
 typedef struct dol_engine dol_engine;
@@ -157,7 +165,7 @@ size_t dol_engine_weight_bytes(const dol_engine *e);
 /* The linear layers (q, k, v, o, gate, up, down of every layer, and lm_head)
  * as the engine holds them, and what load-time quantization cost. */
 typedef struct {
-    int n_quantized;            /* matrices quantized at load (0 unless NF4) */
+    int n_quantized;            /* matrices quantized at load (0 unless NF4 / INT8) */
     double quant_seconds;       /* wall time spent quantizing them */
     size_t quant_bytes_before;  /* those matrices as stored in the checkpoint */
     size_t quant_bytes_after;   /* the same matrices quantized (codes + scales) */

@@ -107,10 +107,10 @@ static const field FIELDS[] = {
     { .name = "gpu_memory_utilization", .type = F_DOUBLE, AT(gpu_memory_utilization),
       .min = 0, .max = 1, .min_open = true, .def = "0.90", .metavar = "R",
       .help = "CUDA: share of device memory for weights, KV cache and workspaces" },
-    { .name = "weights", .type = F_ENUM, AT(weights), .choices = CHOICES("auto", "f32", "f16", "nf4"),
+    { .name = "weights", .type = F_ENUM, AT(weights), .choices = CHOICES("auto", "f32", "f16", "nf4", "int8"),
       .def = "auto", .help = "weight format; auto = f16 on CUDA, the checkpoint's own dtype (f32/f16/bf16) on the CPU" },
-    { .name = "quantize_lm_head", .type = F_BOOL, AT(quantize_lm_head), .def = "true",
-      .help = "with weights nf4, quantize lm_head too (false keeps it in 16/32 bits)" },
+    { .name = "quantize_lm_head", .type = F_BOOL, AT(quantize_lm_head), .def = "false",
+      .help = "with weights nf4 or int8, quantize lm_head too (default: kept in its 16/32 bits)" },
     { .name = "context_len", .type = F_INT, AT(context_len), .min = 0, .max = NONE,
       .def = "0", .metavar = "N", .help = "context length; 0 = max_position_embeddings" },
     /* sampling */
@@ -185,7 +185,8 @@ _Static_assert(sizeof(dol_backend_kind) == sizeof(int) && sizeof(dol_weight_form
 _Static_assert(DOL_BACKEND_AUTO == 0 && DOL_BACKEND_CPU == 1 && DOL_BACKEND_CUDA == 2,
                "backend choices are auto|cpu|cuda");
 _Static_assert(DOL_WEIGHTS_AUTO == 0 && DOL_WEIGHTS_F32 == 1 && DOL_WEIGHTS_F16 == 2 &&
-               DOL_WEIGHTS_NF4 == 3, "weights choices are auto|f32|f16|nf4");
+               DOL_WEIGHTS_NF4 == 3 && DOL_WEIGHTS_INT8 == 4,
+               "weights choices are auto|f32|f16|nf4|int8");
 _Static_assert(DOL_BATCH_CONTINUOUS == 0 && DOL_BATCH_STATIC == 1,
                "batch_mode choices are continuous|static");
 _Static_assert(DOL_LOG_DEBUG == 0 && DOL_LOG_INFO == 1 && DOL_LOG_WARN == 2 && DOL_LOG_ERROR == 3,

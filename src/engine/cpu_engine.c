@@ -19,18 +19,21 @@
 #include "engine/cpu_ops.h"
 #include "engine/kv_blocks.h"
 #include "engine/nf4.h"
+#include "engine/q8.h"
 #include "engine/threadpool.h"
 
 #define LOGIT_ROWS_CHUNK 64
 #define HUGE_PAGE ((size_t)2 << 20)
 
 /* A linear layer as the matmul reads it: an F32/F16 matrix (w), or, with
- * weights nf4, 4-bit codes and F16 block scales (q; w keeps the shape). */
+ * weights nf4, 4-bit codes and F16 block scales (q; w keeps the shape), or
+ * with weights int8, Q8_0 quants and scales (q8m). */
 typedef struct {
     dol_tensor w;
-    bool nf4;
+    bool nf4, q8;
     bool packed; /* w.data in the packed layout (cpu_kernels.h) */
     dol_nf4_matrix q;
+    dol_q8_matrix q8m;
 } linear_w;
 
 typedef struct {
@@ -145,6 +148,23 @@ static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *s
         e->weight_bytes += codes + scales;
         return 0;
     }
+    if (fmt == DOL_WEIGHTS_INT8) {
+        size_t quants = dol_q8_quants_bytes(src->rows, src->cols);
+        size_t scales = dol_q8_scales_bytes(src->rows, src->cols);
+        dst->q8 = true;
+        dst->q8m.quants = own(e, quants);
+        dst->q8m.scales = own(e, scales);
+        if (!dst->q8m.quants || !dst->q8m.scales) goto oom;
+        double t0 = dol_now_ms();
+        if (dol_q8_quantize(e->pool, src, &dst->q8m, what, err, errlen) != 0) return -1;
+        e->qs.quant_seconds += (dol_now_ms() - t0) / 1000.0;
+        e->qs.n_quantized++;
+        e->qs.quant_bytes_before += (size_t)n * dol_dtype_size(src->dtype);
+        e->qs.quant_bytes_after += quants + scales;
+        e->qs.linear_bytes += quants + scales;
+        e->weight_bytes += quants + scales;
+        return 0;
+    }
     dol_dtype want;
     if (fmt == DOL_WEIGHTS_F32) want = DOL_DTYPE_F32;
     else if (fmt == DOL_WEIGHTS_F16) want = DOL_DTYPE_F16;
@@ -174,7 +194,7 @@ oom:
 static dol_cpu_weight weight_of(const linear_w *w)
 {
     return (dol_cpu_weight){ w->w.data, w->w.dtype, w->nf4 ? &w->q : NULL, (int)w->w.rows,
-                             (int)w->w.cols, w->packed };
+                             (int)w->w.cols, w->packed, w->q8 ? &w->q8m : NULL };
 }
 
 /* ---- create / free ------------------------------------------------------- */
@@ -221,7 +241,8 @@ static int cpu_create(const dol_model *model, const dol_engine_params *p, int ct
     if (!e->pool) { dol_set_err(err, errlen, "engine: cannot start %d threads", threads); goto fail; }
 
     /* weights: norms as f32, linear layers as p->weights says (lm_head
-     * keeps the checkpoint's precision under nf4 unless quantize_lm_head) */
+     * keeps the checkpoint's precision under nf4 / int8 unless
+     * quantize_lm_head) */
     e->L = calloc((size_t)c->n_layers, sizeof *e->L);
     if (!e->L) goto oom;
     for (int l = 0; l < c->n_layers; l++) {
@@ -243,7 +264,8 @@ static int cpu_create(const dol_model *model, const dol_engine_params *p, int ct
     }
     if (!(e->final_norm = norm_f32(e, &model->final_norm))) goto oom;
     dol_weight_format head_fmt = p->weights;
-    if (head_fmt == DOL_WEIGHTS_NF4 && !p->quantize_lm_head) head_fmt = DOL_WEIGHTS_AUTO;
+    if ((head_fmt == DOL_WEIGHTS_NF4 || head_fmt == DOL_WEIGHTS_INT8) && !p->quantize_lm_head)
+        head_fmt = DOL_WEIGHTS_AUTO;
     if (prep_linear(e, head_fmt, &model->lm_head, &e->lm_head, "lm_head.weight", err, errlen))
         goto fail;
     e->embed = model->embed; /* read row by row in its own dtype */

@@ -136,7 +136,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.backend, DOL_BACKEND_AUTO);
     assert_true(c.gpu_memory_utilization == 0.90);
     assert_int_equal(c.weights, DOL_WEIGHTS_AUTO);
-    assert_true(c.quantize_lm_head);
+    assert_false(c.quantize_lm_head);
     assert_int_equal(c.context_len, 0);
     assert_true(c.temperature == 1.0f);
     assert_true(c.top_p == 1.0f);
