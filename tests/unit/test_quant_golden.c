@@ -31,6 +31,7 @@
 #include "dolphin/common.h"
 #include "dolphin/engine.h"
 #include "dolphin/model.h"
+#include "engine/backend.h"
 #include "engine/nf4.h"
 #include "engine/q8.h"
 #include "test_fixtures.h"
@@ -297,6 +298,17 @@ static void test_engine_tiny_int8(void **s) { (void)s; engine_golden("tiny-llama
 
 int main(void)
 {
+#ifdef QG_BACKEND_CUDA
+    char why[256];
+    if (!dol_cuda_device_check(why, sizeof why)) {
+        printf("test_cuda_quant_golden: no usable CUDA device (%s); skipping\n", why);
+#ifdef DOLPHIN_CUDA_EMU
+        return 1; /* the emulated device is always there: not finding it is a failure */
+#else
+        return 77;
+#endif
+    }
+#endif
     const struct CMUnitTest tests[] = {
 #ifndef QG_BACKEND_CUDA
         cmocka_unit_test(test_tensors_stories_nf4),
