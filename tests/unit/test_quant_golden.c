@@ -119,6 +119,7 @@ static dol_model *load_model(const char *name)
     return m;
 }
 
+#ifndef QG_BACKEND_CUDA
 static void tensors(const char *model, const char *scheme)
 {
     dol_model *m = load_model(model);
@@ -143,6 +144,8 @@ static void tensors(const char *model, const char *scheme)
     cJSON_Delete(g);
     dol_model_free(m);
 }
+
+#endif
 
 /* ---- the engine ------------------------------------------------------------- */
 
