@@ -54,6 +54,7 @@
 #define MAX_IDS 512
 
 /* ---- tensors -------------------------------------------------------------- */
+#ifndef QG_BACKEND_CUDA
 
 static const dol_tensor *tensor_named(const dol_model *m, const char *name)
 {
@@ -102,6 +103,8 @@ static void quantized_sums(const dol_tensor *t, const char *scheme, double *sum,
     }
     free(row);
 }
+
+#endif
 
 static cJSON *golden_of(const char *model)
 {
