@@ -207,10 +207,10 @@ typedef struct {
  * rows were split between threads: the same bits, within one CPU kernel set
  * (tested). On the CUDA backend they are not bit-identical: cuBLAS may
  * choose another algorithm, hence another summation order, when the number
- * of rows changes (and with NF4 weights a call of more than 16 rows takes
- * another product), so an item's logits can differ from its logits alone by
- * rounding (about 1e-6 relative; about 1e-3 with NF4 across the 16-row
- * switch). Greedy tokens then agree except at near-ties: the CUDA tests ask
+ * of rows changes (and with NF4 or int8 weights a call of more than 16 rows
+ * takes another product), so an item's logits can differ from its logits
+ * alone by rounding (about 1e-6 relative; about 1e-3 with NF4 or int8 across
+ * the 16-row switch). Greedy tokens then agree except at near-ties: the CUDA tests ask
  * for the same greedy ids up to the first step whose top two logits are
  * less than 1e-3 apart (docs/cuda.md). */
 int dol_engine_forward(dol_engine *e, dol_batch_item *items, int n_items,
