@@ -14,7 +14,7 @@
  * test_cuda_quant_golden.c defines QG_BACKEND_CUDA): the tensor checks are
  * the host quantizer's and run on the CPU build only; the bounds there are
  * those of FP16 activations (docs/cuda.md), and each case's greedy ids are
- * compared over its first 64 steps (the emulation is slow). Fixtures from $DOLPHIN_SHARED
+ * compared over its first 32 steps (the emulation is slow). Fixtures from $DOLPHIN_SHARED
  * (default ../shared); skipped when absent. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -42,7 +42,7 @@
 #define LOGIT_BOUND 0.03             /* FP16 activations */
 #define MARGIN_BOUND (2 * LOGIT_BOUND)
 #define NLL_REL 0.01
-#define MAX_STEPS 64                 /* greedy steps per case: the emulation is slow */
+#define MAX_STEPS 32                 /* greedy steps per case: the emulation is slow */
 #else
 #define QG_BACKEND DOL_BACKEND_CPU
 #define LOGIT_BOUND 1e-3
