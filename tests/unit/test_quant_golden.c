@@ -14,8 +14,8 @@
  * test_cuda_quant_golden.c defines QG_BACKEND_CUDA): the tensor checks are
  * the host quantizer's and run on the CPU build only; the bounds there are
  * those of FP16 activations (docs/cuda.md), and each case's greedy ids are
- * compared over its first 32 steps (the emulation is slow). Fixtures from $DOLPHIN_SHARED
- * (default ../shared); skipped when absent. */
+ * compared over its first 32 steps (the emulation is slow). Fixtures from
+ * $DOLPHIN_SHARED (default ../shared); skipped when absent. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
