@@ -2,8 +2,8 @@
  * per kernel family, callable from C (src/engine/cuda_engine.c) and from the
  * tests. Every launcher enqueues work on `stream` and returns the launch
  * status (cudaGetLastError), never aborts; errors during execution surface
- * at the next synchronisation. (dol_cuda_nf4_matmul, which also calls
- * cuBLAS, returns 0 or -1 with a message instead.)
+ * at the next synchronisation. (dol_cuda_nf4_matmul and dol_cuda_q8_matmul,
+ * which also call cuBLAS, return 0 or -1 with a message instead.)
  *
  * Conventions: FP16 values are passed as dol_f16 (IEEE binary16 bits in a
  * uint16_t; the kernels reinterpret them as __half). All matrices are
@@ -173,6 +173,49 @@ cudaError_t dol_cuda_nf4_dequant(dol_f16 *w, const dol_cuda_nf4 *W, int row0, in
 int dol_cuda_nf4_matmul(cublasHandle_t blas, float *out, const dol_f16 *x, int T,
                         const dol_cuda_nf4 *W, dol_f16 *ws, size_t ws_elems, cudaStream_t stream,
                         char *err, size_t errlen);
+
+/* ---- Q8_0 (int8) weights (kernels/q8.cu) --------------------------------------
+ * The layout of src/engine/q8.h, on the device: quants [rows][cols] int8 and
+ * scales [rows][ceil(cols/32)] F16, both row-major; blocks of
+ * DOL_CUDA_Q8_BLOCK weights along cols (the last one shorter when cols % 32
+ * != 0); weight = q * d. Rows of several matrices with the same cols may be
+ * concatenated (fused QKV, gate|up): blocks never cross rows. */
+#define DOL_CUDA_Q8_BLOCK 32
+/* Most token rows of one decode-kernel launch. */
+#define DOL_CUDA_Q8_GEMV_MAX_T 8
+/* dol_cuda_q8_matmul uses the decode kernel up to this many rows,
+ * dequantized tiles and cuBLAS above. */
+#define DOL_CUDA_Q8_GEMV_UPTO 16
+
+typedef struct {
+    const int8_t *quants;   /* device [rows][cols] */
+    const dol_f16 *scales;  /* device [rows][ceil(cols/32)] */
+    int rows, cols;         /* N (out_features), K (in_features, >= 1) */
+} dol_cuda_q8;
+
+/* Decode: out[t][n] = sum_k x[t][k] * q(W[n][k]) * d, t < T <=
+ * DOL_CUDA_Q8_GEMV_MAX_T, n < W->rows. x: [T][cols] FP16; out: [T][rows]
+ * FP32. The quants are read once and converted in registers; FP32
+ * accumulation, per (output, 16 weights of a block): sum(x * q) then * d.
+ * Fastest when cols % 32 == 0 and quants and x are 16-byte aligned (another
+ * kernel handles the rest). Each output row is computed the same way whatever
+ * T is. cudaErrorInvalidValue for T > DOL_CUDA_Q8_GEMV_MAX_T or cols < 1. */
+cudaError_t dol_cuda_q8_gemv(float *out, const dol_f16 *x, int T, const dol_cuda_q8 *W,
+                             cudaStream_t stream);
+
+/* Rows row0 .. row0 + rows - 1 of W as FP16 into w ([rows][cols]):
+ * fp16(q * d), rounded to nearest even, so exactly dol_f32_to_f16 of
+ * dol_q8_dequantize_row's floats. */
+cudaError_t dol_cuda_q8_dequant(dol_f16 *w, const dol_cuda_q8 *W, int row0, int rows,
+                                cudaStream_t stream);
+
+/* out[T][rows] = x[T][cols] . dequant(W)^T for any T, as dol_cuda_nf4_matmul:
+ * T <= DOL_CUDA_Q8_GEMV_UPTO through dol_cuda_q8_gemv, more rows through
+ * tiles of ws_elems / cols rows dequantized to FP16 in ws and cublasGemmEx.
+ * 0, or -1 with one line in err. */
+int dol_cuda_q8_matmul(cublasHandle_t blas, float *out, const dol_f16 *x, int T,
+                       const dol_cuda_q8 *W, dol_f16 *ws, size_t ws_elems, cudaStream_t stream,
+                       char *err, size_t errlen);
 
 /* cudaSuccess when this binary holds kernel code the current device can run
  * (cudaErrorNoKernelImageForDevice otherwise). */

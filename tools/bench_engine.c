@@ -43,7 +43,8 @@ static int usage(void)
             "usage: bench_engine MODEL_DIR [--threads N] [--prompts 128,512 | --prompt N]\n"
             "                    [--decode N] [--batches 1,8] [--repeat ROUNDS]\n"
             "                    [--sweep A-B] [--sweep-out FILE] [--markdown]\n"
-            "                    [--weights auto|f32|f16|nf4] [--backend auto|cpu|cuda]\n");
+            "                    [--weights auto|f32|f16|nf4|int8] [--quantize-lm-head]\n"
+            "                    [--backend auto|cpu|cuda]\n");
     return 2;
 }
 
@@ -652,6 +653,7 @@ static const char *format_name(dol_weight_format wf, const dol_model *m, const d
     case DOL_WEIGHTS_F32: return "f32";
     case DOL_WEIGHTS_F16: return "f16";
     case DOL_WEIGHTS_NF4: return "nf4";
+    case DOL_WEIGHTS_INT8: return "int8";
     default: break;
     }
     dol_dtype ck = m->layers[0].q.dtype;
@@ -672,12 +674,13 @@ int main(int argc, char **argv)
     int batches[MAX_LIST] = { 1, 8 }, n_batches = 2;
     int sweep_a = 0, sweep_b = 0;
     const char *sweep_out = NULL;
-    bool markdown = false;
+    bool markdown = false, quantize_lm_head = false;
     dol_weight_format wf = DOL_WEIGHTS_AUTO;
     dol_backend_kind backend = DOL_BACKEND_AUTO;
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i];
         if (!strcmp(o, "--markdown")) { markdown = true; continue; }
+        if (!strcmp(o, "--quantize-lm-head")) { quantize_lm_head = true; continue; }
         if (i + 1 >= argc) {
             if (!strncmp(o, "--", 2)) fprintf(stderr, "bench_engine: %s: missing value\n", o);
             return usage();
@@ -696,9 +699,10 @@ int main(int argc, char **argv)
             if (!strcmp(v, "f32")) wf = DOL_WEIGHTS_F32;
             else if (!strcmp(v, "f16")) wf = DOL_WEIGHTS_F16;
             else if (!strcmp(v, "nf4")) wf = DOL_WEIGHTS_NF4;
+            else if (!strcmp(v, "int8")) wf = DOL_WEIGHTS_INT8;
             else if (!strcmp(v, "auto")) wf = DOL_WEIGHTS_AUTO;
             else {
-                fprintf(stderr, "bench_engine: --weights: expected auto, f32, f16 or nf4, got '%s'\n", v);
+                fprintf(stderr, "bench_engine: --weights: expected auto, f32, f16, nf4 or int8, got '%s'\n", v);
                 return 2;
             }
         } else if (!strcmp(o, "--backend")) {
@@ -756,7 +760,7 @@ int main(int argc, char **argv)
                              .n_threads = threads, .kv_block_size = bs,
                              .kv_cache_tokens = kv_tokens, .max_seqs = max_b + 1,
                              .max_batch_tokens = max_tokens, .context_len = 0,
-                             .weights = wf, .quantize_lm_head = true };
+                             .weights = wf, .quantize_lm_head = quantize_lm_head };
     double t0 = dol_now_ms();
     dol_engine *e = NULL;
     if (dol_engine_create(m, &ep, &e, err, sizeof err) != 0) {
@@ -800,9 +804,10 @@ int main(int argc, char **argv)
     if (qs.n_quantized > 0) {
         size_t used = strlen(detail);
         snprintf(detail + used, sizeof detail - used,
-                 "; quantized %d matrices to nf4 in %.2f s (linear layers %.3f x F16)",
-                 qs.n_quantized, qs.quant_seconds,
-                 (double)qs.linear_bytes / (double)qs.linear_f16_bytes);
+                 "; quantized %d matrices to %s in %.2f s (linear layers %.3f x F16, lm_head %s)",
+                 qs.n_quantized, fmt, qs.quant_seconds,
+                 (double)qs.linear_bytes / (double)qs.linear_f16_bytes,
+                 quantize_lm_head ? "quantized" : "kept");
     }
 
     /* bandwidth probe: >= 4 x LLC, >= 512 MiB, >= 2 x weights, <= 2 GiB */

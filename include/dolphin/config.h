@@ -100,8 +100,8 @@ typedef struct {
     dol_int_list layer_split;    /* blocks per device; default empty = automatic */
     int gpu_layers;              /* first N blocks on the GPU(s); default -1 = automatic */
     bool allow_host_spill;       /* default true: blocks that do not fit go to the CPU */
-    dol_weight_format weights;   /* auto | f32 | f16 | nf4 (default auto) */
-    bool quantize_lm_head;       /* weights nf4: quantize lm_head too (default true) */
+    dol_weight_format weights;   /* auto | f32 | f16 | nf4 | int8 (default auto) */
+    bool quantize_lm_head;       /* weights nf4 / int8: quantize lm_head too (default false) */
     int context_len;             /* 0 = max_position_embeddings */
     /* default sampling values, used when a request leaves them out */
     float temperature;           /* default 1.0 (OpenAI's) */

@@ -37,6 +37,13 @@ typedef enum {
                              the engine's thread pool; lm_head only when
                              quantize_lm_head. Products dequantize in registers
                              and accumulate in F32. */
+    DOL_WEIGHTS_INT8,     /* quantize every linear layer to 8 bits at load
+                             (llama.cpp's Q8_0 scheme: blocks of 32 weights
+                             along the input dimension, one F16 scale
+                             absmax/127 per block, 1.0625 bytes per weight;
+                             src/engine/q8.h); lm_head only when
+                             quantize_lm_head. Products dequantize in
+                             registers and accumulate in F32. */
 } dol_weight_format;
 
 /* Which backend runs the forward pass. */
@@ -84,10 +91,11 @@ typedef struct {
                                  later prompts that start with the same
                                  tokens (dol_engine_seq_match_prefix);
                                  {0} means off */
-    bool quantize_lm_head;    /* weights NF4: quantize lm_head too (true is the
-                                 usual choice; false keeps it as AUTO would:
-                                 the checkpoint's F32/F16/BF16). Other
-                                 formats ignore it. Note that {0} means false. */
+    bool quantize_lm_head;    /* weights NF4 / INT8: quantize lm_head too
+                                 (false, the default, keeps it as AUTO would:
+                                 the checkpoint's F32/F16/BF16, as
+                                 bitsandbytes' load_in_4bit does). Other
+                                 formats ignore it. */
     /* Layer placement (CUDA; docs/architecture.md "Layer placement"): the
      * transformer blocks in contiguous ranges, device by device, then the
      * CPU. {0}: device 0, every block that fits there, the rest on the CPU. */
@@ -207,7 +215,7 @@ size_t dol_engine_weight_bytes(const dol_engine *e);
 /* The linear layers (q, k, v, o, gate, up, down of every layer, and lm_head)
  * as the engine holds them, and what load-time quantization cost. */
 typedef struct {
-    int n_quantized;            /* matrices quantized at load (0 unless NF4) */
+    int n_quantized;            /* matrices quantized at load (0 unless NF4 / INT8) */
     double quant_seconds;       /* wall time spent quantizing them */
     size_t quant_bytes_before;  /* those matrices as stored in the checkpoint */
     size_t quant_bytes_after;   /* the same matrices quantized (codes + scales) */
@@ -249,10 +257,10 @@ typedef struct {
  * rows were split between threads: the same bits, within one CPU kernel set
  * (tested). On the CUDA backend they are not bit-identical: cuBLAS may
  * choose another algorithm, hence another summation order, when the number
- * of rows changes (and with NF4 weights a call of more than 16 rows takes
- * another product), so an item's logits can differ from its logits alone by
- * rounding (about 1e-6 relative; about 1e-3 with NF4 across the 16-row
- * switch). Greedy tokens then agree except at near-ties: the CUDA tests ask
+ * of rows changes (and with NF4 or int8 weights a call of more than 16 rows
+ * takes another product), so an item's logits can differ from its logits
+ * alone by rounding (about 1e-6 relative; about 1e-3 with NF4 or int8 across
+ * the 16-row switch). Greedy tokens then agree except at near-ties: the CUDA tests ask
  * for the same greedy ids up to the first step whose top two logits are
  * less than 1e-3 apart (docs/cuda.md). */
 int dol_engine_forward(dol_engine *e, dol_batch_item *items, int n_items,

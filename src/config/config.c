@@ -146,10 +146,10 @@ static const field FIELDS[] = {
     { .name = "allow_host_spill", .type = F_BOOL, AT(allow_host_spill), .def = "true",
       .help = "when the model does not fit the GPU budget, run the blocks that do not fit "
               "on the CPU (false: refuse to start)" },
-    { .name = "weights", .type = F_ENUM, AT(weights), .choices = CHOICES("auto", "f32", "f16", "nf4"),
+    { .name = "weights", .type = F_ENUM, AT(weights), .choices = CHOICES("auto", "f32", "f16", "nf4", "int8"),
       .def = "auto", .help = "weight format; auto = f16 on CUDA, the checkpoint's own dtype (f32/f16/bf16) on the CPU" },
-    { .name = "quantize_lm_head", .type = F_BOOL, AT(quantize_lm_head), .def = "true",
-      .help = "with weights nf4, quantize lm_head too (false keeps it in 16/32 bits)" },
+    { .name = "quantize_lm_head", .type = F_BOOL, AT(quantize_lm_head), .def = "false",
+      .help = "with weights nf4 or int8, quantize lm_head too (default: kept in its 16/32 bits)" },
     { .name = "context_len", .type = F_INT, AT(context_len), .min = 0, .max = NONE,
       .def = "0", .metavar = "N", .help = "context length; 0 = max_position_embeddings" },
     /* sampling */
@@ -231,8 +231,8 @@ static const field MODEL_FIELDS[] = {
     { .name = "aliases", .type = F_ALIASES, .def = "" },
     { .name = "pinned", .type = F_BOOL, MAT(pinned), .def = "false" },
     { .name = "weights", .type = F_ENUM, MAT(weights),
-      .choices = CHOICES("auto", "f32", "f16", "nf4"), .def = "auto" },
-    { .name = "quantize_lm_head", .type = F_BOOL, MAT(quantize_lm_head), .def = "true" },
+      .choices = CHOICES("auto", "f32", "f16", "nf4", "int8"), .def = "auto" },
+    { .name = "quantize_lm_head", .type = F_BOOL, MAT(quantize_lm_head), .def = "false" },
     { .name = "backend", .type = F_ENUM, MAT(backend), .choices = CHOICES("auto", "cpu", "cuda"),
       .def = "auto" },
     { .name = "gpu_memory_utilization", .type = F_DOUBLE, MAT(gpu_memory_utilization),
@@ -265,7 +265,8 @@ _Static_assert(sizeof(dol_backend_kind) == sizeof(int) && sizeof(dol_weight_form
 _Static_assert(DOL_BACKEND_AUTO == 0 && DOL_BACKEND_CPU == 1 && DOL_BACKEND_CUDA == 2,
                "backend choices are auto|cpu|cuda");
 _Static_assert(DOL_WEIGHTS_AUTO == 0 && DOL_WEIGHTS_F32 == 1 && DOL_WEIGHTS_F16 == 2 &&
-               DOL_WEIGHTS_NF4 == 3, "weights choices are auto|f32|f16|nf4");
+               DOL_WEIGHTS_NF4 == 3 && DOL_WEIGHTS_INT8 == 4,
+               "weights choices are auto|f32|f16|nf4|int8");
 _Static_assert(DOL_KV_AUTO == 0 && DOL_KV_F32 == 1 && DOL_KV_F16 == 2,
                "kv_cache_dtype choices are auto|f32|f16");
 _Static_assert(DOL_BATCH_CONTINUOUS == 0 && DOL_BATCH_STATIC == 1,

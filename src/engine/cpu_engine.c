@@ -19,6 +19,7 @@
 #include "engine/cpu_ops.h"
 #include "engine/kv_blocks.h"
 #include "engine/nf4.h"
+#include "engine/q8.h"
 #include "engine/threadpool.h"
 #include "dolphin/log.h"
 
@@ -26,12 +27,14 @@
 #define HUGE_PAGE ((size_t)2 << 20)
 
 /* A linear layer as the matmul reads it: an F32/F16 matrix (w), or, with
- * weights nf4, 4-bit codes and F16 block scales (q; w keeps the shape). */
+ * weights nf4, 4-bit codes and F16 block scales (q; w keeps the shape), or
+ * with weights int8, Q8_0 quants and scales (q8m). */
 typedef struct {
     dol_tensor w;
-    bool nf4;
+    bool nf4, q8;
     bool packed; /* w.data in the packed layout (cpu_kernels.h) */
     dol_nf4_matrix q;
+    dol_q8_matrix q8m;
 } linear_w;
 
 typedef struct {
@@ -151,6 +154,23 @@ static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *s
         e->weight_bytes += codes + scales;
         return 0;
     }
+    if (fmt == DOL_WEIGHTS_INT8) {
+        size_t quants = dol_q8_quants_bytes(src->rows, src->cols);
+        size_t scales = dol_q8_scales_bytes(src->rows, src->cols);
+        dst->q8 = true;
+        dst->q8m.quants = own(e, quants);
+        dst->q8m.scales = own(e, scales);
+        if (!dst->q8m.quants || !dst->q8m.scales) goto oom;
+        double t0 = dol_now_ms();
+        if (dol_q8_quantize(e->pool, src, &dst->q8m, what, err, errlen) != 0) return -1;
+        e->qs.quant_seconds += (dol_now_ms() - t0) / 1000.0;
+        e->qs.n_quantized++;
+        e->qs.quant_bytes_before += (size_t)n * dol_dtype_size(src->dtype);
+        e->qs.quant_bytes_after += quants + scales;
+        e->qs.linear_bytes += quants + scales;
+        e->weight_bytes += quants + scales;
+        return 0;
+    }
     dol_dtype want;
     if (fmt == DOL_WEIGHTS_F32) want = DOL_DTYPE_F32;
     else if (fmt == DOL_WEIGHTS_F16) want = DOL_DTYPE_F16;
@@ -180,7 +200,7 @@ oom:
 static dol_cpu_weight weight_of(const linear_w *w)
 {
     return (dol_cpu_weight){ w->w.data, w->w.dtype, w->nf4 ? &w->q : NULL, (int)w->w.rows,
-                             (int)w->w.cols, w->packed };
+                             (int)w->w.cols, w->packed, w->q8 ? &w->q8m : NULL };
 }
 
 /* One tensor of the load plan: a norm (to f32) or a linear layer. */
@@ -234,7 +254,8 @@ static int load_weights(cpu_engine *e, const dol_model *model, const dol_engine_
     if (e->has_head) {   /* the range holding the final norm and lm_head */
         it[n++] = (load_item){ .src = &model->final_norm, .norm = &e->final_norm };
         dol_weight_format head_fmt = p->weights;
-        if (head_fmt == DOL_WEIGHTS_NF4 && !p->quantize_lm_head) head_fmt = DOL_WEIGHTS_AUTO;
+        if ((head_fmt == DOL_WEIGHTS_NF4 || head_fmt == DOL_WEIGHTS_INT8) && !p->quantize_lm_head)
+            head_fmt = DOL_WEIGHTS_AUTO;
         it[n] = (load_item){ .src = &model->lm_head, .lin = &e->lm_head, .fmt = head_fmt };
         snprintf(it[n].what, sizeof it[n].what, "lm_head.weight");
         n++;
@@ -359,7 +380,7 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
     if (!e->pool) { dol_set_err(err, errlen, "engine: cannot start %d threads", threads); goto fail; }
 
     /* weights: norms as f32, linear layers as p->weights says (lm_head
-     * keeps the checkpoint's precision under nf4 unless quantize_lm_head),
+     * keeps the checkpoint's precision under nf4 / int8 unless quantize_lm_head),
      * streamed: one tensor at a time, the next one's pages read ahead
      * meanwhile, each one's checkpoint pages dropped once it is converted,
      * so the weights are held once and the load peak is one copy plus a

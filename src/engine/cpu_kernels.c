@@ -1,6 +1,6 @@
 /* src/engine/cpu_kernels.c — the instruction-set dependent kernels of the
- * CPU backend: dot product, matrix-product rows over F32/F16/BF16 and NF4
- * weights, RMSNorm, RoPE, SiLU-gated product. Written once, compiled by
+ * CPU backend: dot product, matrix-product rows over F32/F16/BF16, NF4 and
+ * Q8_0 weights, RMSNorm, RoPE, SiLU-gated product. Written once, compiled by
  * CMake once per variant with -DDOL_CPU_VARIANT=<name> and that variant's
  * flags (cpu_kernels.h); each compilation exports the table
  * dol_cpu_kernels_<name>. Everything else here is file-static.
@@ -741,6 +741,173 @@ static void k_nf4_rows(float *out, const float *x, int T, const dol_nf4_matrix *
 #endif
 }
 
+/* ---- matrix product over Q8_0 (int8) weights ----------------------------- */
+
+/* Sum x[k] * w[k] over blocks b0.. of row `row` in k order, each block
+ * dequantized to floats first (q * d, exact): the whole product in the
+ * portable variant, the short last block of a row in the SIMD ones. */
+static float q8_dot_blocks(const float *x, const dol_q8_matrix *W, int64_t row, int64_t b0,
+                           float sum)
+{
+    float w[DOL_Q8_BLOCK];
+    for (int64_t b = b0; b < W->blocks_per_row; b++) {
+        int n = dol_q8_dequantize_block(W, row, b, w);
+        const float *xb = x + b * DOL_Q8_BLOCK;
+        for (int j = 0; j < n; j++) sum += xb[j] * w[j];
+    }
+    return sum;
+}
+
+#ifdef DOL_SIMD
+/* In-register dequantization: DOL_SIMD int8 values widened to 32-bit lanes,
+ * converted to float and multiplied by the block's scale, so each lane is
+ * exactly q * d, as dol_q8_dequantize_block says. */
+#if DOL_SIMD == 16
+static inline vecf q8_decode(const int8_t *q, vecf d)
+{
+    __m512i i = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(i), d);
+}
+#define Q8_NC 4 /* W rows per register tile */
+#else
+static inline vecf q8_decode(const int8_t *q, vecf d)
+{
+    __m256i i = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(i), d);
+}
+#define Q8_NC 2 /* fewer registers: 16 ymm */
+#endif
+
+/* Register tile: NR rows of x against NC rows of W (rows n .. n+NC-1), each
+ * block's quants decoded once for all NR rows of x (FB = 0), or read already
+ * decoded from wf ([NC][K] floats, q8_unpack; FB = 1): the same values, so
+ * the same bits. Every output follows the order of cpu_kernels.h whatever
+ * NR, NC and FB are. */
+static inline __attribute__((always_inline)) void
+q8_tile(const int NR, const int NC, const int FB, const float *x, int K, const dol_q8_matrix *W,
+        const float *wf, int n, float *out, int N)
+{
+    const int64_t bpr = W->blocks_per_row;
+    const int64_t full = K / DOL_Q8_BLOCK;
+    vecf acc[4][Q8_NC];
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++) acc[r][c] = v_zero();
+    for (int64_t b = 0; b < full; b++) {
+        vecf d[Q8_NC];
+        const int8_t *q[Q8_NC];
+        if (!FB)
+            for (int c = 0; c < NC; c++) {
+                d[c] = v_set1(_cvtsh_ss(W->scales[(n + c) * bpr + b]));
+                q[c] = W->quants + (int64_t)(n + c) * K + b * DOL_Q8_BLOCK;
+                if (b % 2 == 0) /* rows two tiles ahead: one cache line per two blocks */
+                    _mm_prefetch((const char *)q[c] + (int64_t)2 * NC * K, _MM_HINT_T0);
+            }
+        for (int s = 0; s < DOL_Q8_BLOCK / DOL_SIMD; s++) {
+            const int64_t k = b * DOL_Q8_BLOCK + s * DOL_SIMD;
+            vecf w[Q8_NC];
+            for (int c = 0; c < NC; c++)
+                w[c] = FB ? v_load(wf + (size_t)c * K + k) : q8_decode(q[c] + s * DOL_SIMD, d[c]);
+            for (int r = 0; r < NR; r++) {
+                vecf xv = v_in_register(v_load(x + (size_t)r * K + k));
+                for (int c = 0; c < NC; c++) acc[r][c] = v_fma(xv, w[c], acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int c = 0; c < NC; c++)
+            out[(size_t)r * N + n + c] =
+                q8_dot_blocks(x + (size_t)r * K, W, n + c, full, v_sum(acc[r][c]));
+}
+
+#define DEFINE_Q8_TILE(NAME, NR, NC, FB)                                                   \
+    static void NAME(const float *x, int K, const dol_q8_matrix *W, const float *wf, int n, \
+                     float *out, int N)                                                     \
+    {                                                                                       \
+        q8_tile(NR, NC, FB, x, K, W, wf, n, out, N);                                        \
+    }
+DEFINE_Q8_TILE(q8_wide_1, 1, Q8_NC, 0)
+DEFINE_Q8_TILE(q8_wide_2, 2, Q8_NC, 0)
+DEFINE_Q8_TILE(q8_wide_3, 3, Q8_NC, 0)
+DEFINE_Q8_TILE(q8_wide_4, 4, Q8_NC, 0)
+DEFINE_Q8_TILE(q8_narrow_1, 1, 1, 0)
+DEFINE_Q8_TILE(q8_narrow_2, 2, 1, 0)
+DEFINE_Q8_TILE(q8_narrow_3, 3, 1, 0)
+DEFINE_Q8_TILE(q8_narrow_4, 4, 1, 0)
+DEFINE_Q8_TILE(q8b_wide_1, 1, Q8_NC, 1)
+DEFINE_Q8_TILE(q8b_wide_2, 2, Q8_NC, 1)
+DEFINE_Q8_TILE(q8b_wide_3, 3, Q8_NC, 1)
+DEFINE_Q8_TILE(q8b_wide_4, 4, Q8_NC, 1)
+DEFINE_Q8_TILE(q8b_narrow_1, 1, 1, 1)
+DEFINE_Q8_TILE(q8b_narrow_2, 2, 1, 1)
+DEFINE_Q8_TILE(q8b_narrow_3, 3, 1, 1)
+DEFINE_Q8_TILE(q8b_narrow_4, 4, 1, 1)
+
+typedef void (*q8_tile_fn)(const float *, int, const dol_q8_matrix *, const float *, int,
+                           float *, int);
+static const q8_tile_fn q8_wide[5] = { NULL, q8_wide_1, q8_wide_2, q8_wide_3, q8_wide_4 };
+static const q8_tile_fn q8_narrow[5] = { NULL, q8_narrow_1, q8_narrow_2, q8_narrow_3,
+                                         q8_narrow_4 };
+static const q8_tile_fn q8b_wide[5] = { NULL, q8b_wide_1, q8b_wide_2, q8b_wide_3, q8b_wide_4 };
+static const q8_tile_fn q8b_narrow[5] = { NULL, q8b_narrow_1, q8b_narrow_2, q8b_narrow_3,
+                                          q8b_narrow_4 };
+
+/* Rows n .. n+nc-1 of W, their full blocks decoded to floats (q8_decode:
+ * exactly q * d) into wf[c][k]. */
+static void q8_unpack(const dol_q8_matrix *W, int n, int nc, float *wf)
+{
+    const int K = (int)W->cols;
+    const int64_t full = K / DOL_Q8_BLOCK, bpr = W->blocks_per_row;
+    for (int c = 0; c < nc; c++)
+        for (int64_t b = 0; b < full; b++) {
+            const vecf d = v_set1(_cvtsh_ss(W->scales[(n + c) * bpr + b]));
+            const int8_t *q = W->quants + (int64_t)(n + c) * K + b * DOL_Q8_BLOCK;
+            for (int s = 0; s < DOL_Q8_BLOCK / DOL_SIMD; s++)
+                v_store(wf + (size_t)c * K + b * DOL_Q8_BLOCK + s * DOL_SIMD,
+                        q8_decode(q + s * DOL_SIMD, d));
+        }
+}
+
+/* Largest K whose decoded tile rows fit the stack buffer of k_q8_rows. */
+#define Q8_UNPACK_K 16384
+#endif
+
+static void k_q8_rows(float *out, const float *x, int T, const dol_q8_matrix *W, int n0, int n1)
+{
+    const int K = (int)W->cols, N = (int)W->rows;
+#ifdef DOL_SIMD
+    /* More than one group of 4 rows of x: each tile of W decoded once into
+     * floats on the stack and read by every group (prefill, batches), else
+     * decoded in registers (decode at batch <= 4). The same bits either way. */
+    if (T > 4 && K <= Q8_UNPACK_K) {
+        float wf[Q8_NC * Q8_UNPACK_K] __attribute__((aligned(64)));
+        for (int n = n0; n < n1;) {
+            int nc = n + Q8_NC <= n1 ? Q8_NC : 1;
+            const q8_tile_fn *tile = nc == Q8_NC ? q8b_wide : q8b_narrow;
+            q8_unpack(W, n, nc, wf);
+            for (int t = 0; t < T; t += 4) {
+                int nr = T - t < 4 ? T - t : 4;
+                tile[nr](x + (size_t)t * K, K, W, wf, n, out + (size_t)t * N, N);
+            }
+            n += nc;
+        }
+        return;
+    }
+    for (int n = n0; n < n1;) {
+        int nc = n + Q8_NC <= n1 ? Q8_NC : 1;
+        const q8_tile_fn *tile = nc == Q8_NC ? q8_wide : q8_narrow;
+        for (int t = 0; t < T; t += 4) {
+            int nr = T - t < 4 ? T - t : 4;
+            tile[nr](x + (size_t)t * K, K, W, NULL, n, out + (size_t)t * N, N);
+        }
+        n += nc;
+    }
+#else
+    for (int n = n0; n < n1; n++)
+        for (int t = 0; t < T; t++)
+            out[(size_t)t * N + n] = q8_dot_blocks(x + (size_t)t * K, W, n, 0, 0.0f);
+#endif
+}
+
 /* ---- element-wise kernels ------------------------------------------------ */
 
 /* RMSNorm of `rows` rows of n floats (row stride n), four rows at a time:
@@ -1016,6 +1183,7 @@ const dol_cpu_kernels DOL_CAT(dol_cpu_kernels_, DOL_CPU_VARIANT) = {
     .matmul_rows = k_matmul_rows,
     .matmul_packed_rows = k_matmul_packed_rows,
     .nf4_rows = k_nf4_rows,
+    .q8_rows = k_q8_rows,
     .rmsnorm = k_rmsnorm,
     .rope = k_rope,
     .silu_mul = k_silu_mul,

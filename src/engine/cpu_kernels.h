@@ -20,7 +20,7 @@
  *   - float32 arithmetic, no fused multiply-add outside the documented
  *     vector accumulators (the sources are compiled with -ffp-contract=off);
  *   - the summation order of one output element of dot / matmul_rows /
- *     nf4_rows is fixed by the variant alone (cpu_ops.h: one lane-wide
+ *     nf4_rows / q8_rows is fixed by the variant alone (cpu_ops.h: one lane-wide
  *     accumulator along k, a horizontal sum, the scalar tail), never by T,
  *     by n0 / n1 or by the position of the element in a register tile; so
  *     within one variant results are batch-invariant bit for bit. Two
@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "engine/nf4.h"
+#include "engine/q8.h"
 
 typedef struct dol_cpu_kernels {
     /* "portable", "avx2" or "avx512". */
@@ -68,6 +69,12 @@ typedef struct dol_cpu_kernels {
      * scalar k order (nf4.h, cpu_ops.h). */
     void (*nf4_rows)(float *out, const float *x, int T, const dol_nf4_matrix *W, int n0,
                      int n1);
+
+    /* The same over Q8_0 weights (q8.h), K = W->cols (any), N = W->rows:
+     * each weight dequantized in registers to q * d (exact), the full
+     * 32-weight blocks in k order into the accumulator, the horizontal sum,
+     * then the short last block (K % 32 weights) in scalar k order. */
+    void (*q8_rows)(float *out, const float *x, int T, const dol_q8_matrix *W, int n0, int n1);
 
     /* Element-wise kernels, as documented in cpu_ops.h
      * (dol_cpu_rmsnorm_rows, dol_cpu_rope, dol_cpu_silu_mul); the same

@@ -192,6 +192,10 @@ static bool nf4_panel_ok(const dol_nf4_matrix *W)
 static void rows_of(const fused_job *j, int i, float *out, int n0, int n1)
 {
     const dol_cpu_weight *w = j->W[i];
+    if (w->q8) {
+        j->k->q8_rows(out, j->x, j->T, w->q8, n0, n1);
+        return;
+    }
     if (w->nf4 && j->T >= NF4_PANEL_MIN_T && nf4_panel_ok(w->nf4) &&
         nf4_rows_panel(j, w->nf4, out, n0, n1) == 0)
         return;
@@ -292,14 +296,21 @@ void dol_cpu_matmul_multi(dol_pool *pool, const float *x, int T, int K,
 void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
                     const void *W, dol_dtype wtype, int N)
 {
-    const dol_cpu_weight w = { W, wtype, NULL, N, K, false };
+    const dol_cpu_weight w = { W, wtype, NULL, N, K, false, NULL };
     dol_cpu_matmul_multi(pool, x, T, K, &w, &out, 1);
 }
 
 void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
                         const dol_nf4_matrix *W)
 {
-    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, W, (int)W->rows, (int)W->cols, false };
+    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, W, (int)W->rows, (int)W->cols, false, NULL };
+    dol_cpu_matmul_multi(pool, x, T, w.K, &w, &out, 1);
+}
+
+void dol_cpu_matmul_q8(dol_pool *pool, float *out, const float *x, int T,
+                       const dol_q8_matrix *W)
+{
+    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, NULL, (int)W->rows, (int)W->cols, false, W };
     dol_cpu_matmul_multi(pool, x, T, w.K, &w, &out, 1);
 }
 

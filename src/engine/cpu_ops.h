@@ -4,6 +4,8 @@
  * in double). The arithmetic comes from the kernel set chosen at run time
  * for this CPU (portable C, AVX2 or AVX-512: cpu_kernels.h;
  * DOLPHIN_CPU_KERNELS overrides the choice).
+ * Q8_0 (int8) weights go through the same products (dol_cpu_weight.q8,
+ * dol_cpu_matmul_q8).
  * Within one kernel set each output element is computed by the same
  * instruction sequence whatever the batch size or the thread split, so
  * results are batch-invariant bit for bit; two sets differ by rounding only.
@@ -21,6 +23,7 @@
 
 #include "dolphin/model.h"
 #include "engine/nf4.h"
+#include "engine/q8.h"
 #include "engine/threadpool.h"
 
 /* out[t][n] = sum_k x[t][k] * W[n][k]  for t < T, n < N, k < K.
@@ -40,6 +43,13 @@ void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
 void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
                         const dol_nf4_matrix *W);
 
+/* The same product over Q8_0 weights (q8.h), dequantized in registers; the
+ * order of cpu_kernels.h's q8_rows (32-weight blocks into one DOL_SIMD-lane
+ * accumulator, horizontal sum, then the short last block in k order), so
+ * batch-invariant bit for bit. Parallel over N on pool. */
+void dol_cpu_matmul_q8(dol_pool *pool, float *out, const float *x, int T,
+                       const dol_q8_matrix *W);
+
 /* A weight matrix of a linear layer as the matrix products read it: N rows
  * (out_features) of K weights (in_features), either F32/F16/BF16 rows at w
  * (nf4 == NULL) or NF4 (nf4 != NULL; w and wtype are then ignored). */
@@ -49,6 +59,7 @@ typedef struct {
     const dol_nf4_matrix *nf4;
     int N, K;
     bool packed; /* w is in the packed layout of cpu_kernels.h (dol_cpu_pack) */
+    const dol_q8_matrix *q8; /* non-NULL: Q8_0 weights (q8.h); w, wtype, nf4 ignored */
 } dol_cpu_weight;
 
 /* Rearrange W (N rows of K elements of dtype src_t, row-major) into the

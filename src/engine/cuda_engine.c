@@ -12,7 +12,9 @@
  * host by src/engine/nf4.c and held as 4-bit codes + F16 block scales; their
  * products go through kernels/nf4.cu (dol_cuda_nf4_matmul: a decode kernel
  * that dequantizes in registers for a few rows, dequantized FP16 tiles and
- * cuBLAS for more). The residual stream, Q, RoPE,
+ * cuBLAS for more). With weights int8 the same matrices are Q8_0 (int8
+ * quants + F16 block scales, src/engine/q8.c) and go through kernels/q8.cu
+ * the same two ways. The residual stream, Q, RoPE,
  * softmax and norms in FP32; the inputs of the products (normed activations,
  * attention output, SiLU·up) rounded to FP16; the KV cache in FP16.
  *
@@ -51,6 +53,7 @@ int dol_cuda_utilization(int *percent)
 #include "dolphin/log.h"
 #include "engine/cpu_ops.h"
 #include "engine/nf4.h"
+#include "engine/q8.h"
 #include "engine/threadpool.h"
 #include "kernels/cuda_common.cuh"
 #include "kernels/kernels.h"
@@ -67,17 +70,21 @@ int dol_cuda_utilization(int *percent)
 #define MIB(b) ((double)(b) / 1048576.0)
 
 _Static_assert(DOL_CUDA_NF4_BLOCK == DOL_NF4_BLOCK, "kernels and nf4.c disagree on the NF4 block");
+_Static_assert(DOL_CUDA_Q8_BLOCK == DOL_Q8_BLOCK, "kernels and q8.c disagree on the Q8_0 block");
+_Static_assert(DOL_CUDA_Q8_GEMV_UPTO == DOL_CUDA_NF4_GEMV_UPTO, "one dequantization workspace rule");
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 static int g_cuda_dev; /* the device in use, for the utilisation probe */
 
 /* A linear layer on the device, W [N][K]: FP16, or (f16 == NULL) NF4 codes
- * and scales. */
+ * and scales, or (f16 == NULL and is_q8) Q8_0 quants and scales. */
 typedef struct {
     int N, K;
     dol_f16 *f16;
     dol_cuda_nf4 nf4;
+    bool is_q8;
+    dol_cuda_q8 q8;
 } cu_linear;
 
 typedef struct {
@@ -106,6 +113,7 @@ typedef struct {
     int n_allocs, cap_allocs;
     size_t weight_bytes;
     bool nf4, nf4_head;          /* weights nf4: the layers' linear matrices, lm_head */
+    bool q8, q8_head;            /* weights int8: the same */
     int n_threads;               /* host threads for load-time quantization */
     dol_quant_stats qs;
 
@@ -121,7 +129,7 @@ typedef struct {
     float *x, *dx, *qkv, *gu, *logits, *part;
     dol_f16 *xn, *att, *hbuf;
     void *blas_ws;
-    dol_f16 *nf4_ws;             /* NF4 products of many rows: a dequantized tile of W */
+    dol_f16 *nf4_ws;             /* NF4 / int8 products of many rows: a dequantized tile of W */
     size_t nf4_ws_elems;         /* 0 when no NF4 product ever takes that path */
 
     /* per-call metadata, int32: pinned host copy and device copy */
@@ -289,12 +297,50 @@ static int up_nf4(cuda_engine *e, uploader *u, dol_pool *pool, const dol_cuda_nf
     return 0;
 }
 
+/* t quantized to Q8_0 on the host (q8.c), slab by slab, as up_nf4 does. */
+static int up_q8(cuda_engine *e, uploader *u, dol_pool *pool, const dol_cuda_q8 *dst,
+                 int64_t row0, const dol_tensor *t, const char *what, char *err, size_t errlen)
+{
+    const int64_t K = t->cols, bpr = (K + DOL_Q8_BLOCK - 1) / DOL_Q8_BLOCK;
+    const size_t esz = dol_dtype_size(t->dtype);
+    const int64_t slab = (int64_t)((STAGE_BYTES - 16) / ((size_t)K + (size_t)bpr * sizeof(uint16_t)));
+    if (slab < 1) {
+        dol_set_err(err, errlen, "cuda: %s: rows of %lld weights are too long", what, (long long)K);
+        return -1;
+    }
+    for (int64_t r0 = 0; r0 < t->rows; r0 += slab) {
+        const int64_t nr = t->rows - r0 < slab ? t->rows - r0 : slab;
+        uint8_t *h = up_next(u, err, errlen);
+        if (!h) return -1;
+        const size_t quants = dol_q8_quants_bytes(nr, K), scales = dol_q8_scales_bytes(nr, K);
+        const size_t scales_off = align_up(quants, 16);
+        dol_tensor part = *t;
+        part.rows = nr;
+        part.data = (const char *)t->data + (size_t)r0 * (size_t)K * esz;
+        dol_q8_matrix m = { .quants = (int8_t *)h, .scales = (uint16_t *)(void *)(h + scales_off) };
+        const double t0 = dol_now_ms();
+        if (dol_q8_quantize(pool, &part, &m, what, err, errlen) != 0) return -1;
+        e->qs.quant_seconds += (dol_now_ms() - t0) / 1000.0;
+        if (up_copy(u, (int8_t *)dst->quants + (size_t)(row0 + r0) * (size_t)K, 0, quants, err,
+                    errlen) ||
+            up_copy(u, (dol_f16 *)dst->scales + (size_t)(row0 + r0) * (size_t)bpr, scales_off, scales,
+                    err, errlen) ||
+            up_flip(u, err, errlen))
+            return -1;
+    }
+    e->qs.n_quantized++;
+    e->qs.quant_bytes_before += (size_t)(t->rows * K) * esz;
+    e->qs.quant_bytes_after += dol_q8_bytes(t->rows, K);
+    return 0;
+}
+
 /* Rows row0.. of the linear matrix dst from the checkpoint tensor t, in the
  * format dst holds. */
 static int up_linear(cuda_engine *e, uploader *u, dol_pool *pool, const cu_linear *dst, int64_t row0,
                      const dol_tensor *t, const char *what, char *err, size_t errlen)
 {
     if (dst->f16) return up_f16(u, dst->f16 + (size_t)row0 * (size_t)dst->K, t, err, errlen);
+    if (dst->is_q8) return up_q8(e, u, pool, &dst->q8, row0, t, what, err, errlen);
     return up_nf4(e, u, pool, &dst->nf4, row0, t, what, err, errlen);
 }
 
@@ -314,9 +360,11 @@ static int up_f32(uploader *u, float *dst, const dol_tensor *t, char *err, size_
 
 /* ---- sizing ------------------------------------------------------------- */
 
-/* A [rows][cols] linear matrix as held: NF4 codes + scales, or FP16. */
-static size_t held_bytes(size_t rows, size_t cols, bool nf4)
+/* A [rows][cols] linear matrix as held: NF4 codes + scales, Q8_0 quants +
+ * scales, or FP16. */
+static size_t held_bytes(size_t rows, size_t cols, bool nf4, bool q8)
 {
+    if (q8) return dol_q8_bytes((int64_t)rows, (int64_t)cols);
     return nf4 ? dol_nf4_bytes((int64_t)rows, (int64_t)cols) : rows * cols * sizeof(dol_f16);
 }
 
@@ -330,16 +378,17 @@ static size_t linear_weight_bytes(cuda_engine *e, const dol_model *m)
     const size_t shapes[7][2] = { { q, d }, { kv, d }, { kv, d }, { d, q }, { f, d }, { f, d }, { d, f } };
     size_t per_layer = 2 * d * sizeof(float), per_layer_f16 = 0;
     for (int i = 0; i < 7; i++) {
-        per_layer += held_bytes(shapes[i][0], shapes[i][1], e->nf4);
-        per_layer_f16 += held_bytes(shapes[i][0], shapes[i][1], false);
+        per_layer += held_bytes(shapes[i][0], shapes[i][1], e->nf4, e->q8);
+        per_layer_f16 += held_bytes(shapes[i][0], shapes[i][1], false, false);
     }
     const bool tied = m->lm_head.data == m->embed.data;
-    const size_t head = e->has_head ? held_bytes(V, d, e->nf4_head) : 0;
+    const size_t head = e->has_head ? held_bytes(V, d, e->nf4_head, e->q8_head) : 0;
     e->qs.linear_bytes = (per_layer - 2 * d * sizeof(float)) * (size_t)c->n_layers + head;
-    e->qs.linear_f16_bytes = per_layer_f16 * (size_t)c->n_layers + (e->has_head ? held_bytes(V, d, false) : 0);
+    e->qs.linear_f16_bytes = per_layer_f16 * (size_t)c->n_layers +
+                             (e->has_head ? held_bytes(V, d, false, false) : 0);
     size_t b = per_layer * (size_t)c->n_layers;
     if (e->has_embed) b += V * d * sizeof(dol_f16); /* embedding */
-    if (!(tied && e->has_embed) || e->nf4_head) b += head;
+    if (!(tied && e->has_embed) || e->nf4_head || e->q8_head) b += head;
     if (e->has_head) b += d * sizeof(float);       /* final norm */
     return b;
 }
@@ -381,13 +430,24 @@ static size_t workspace_bytes(const cuda_engine *e)
 
 static void cuda_destroy(void *impl);
 
-/* Device memory for a linear matrix [N][K]: FP16, or NF4 codes + scales. */
-static int alloc_linear(cuda_engine *e, cu_linear *w, int N, int K, bool nf4, char *err,
+/* Device memory for a linear matrix [N][K]: FP16, NF4 codes + scales, or
+ * Q8_0 quants + scales. */
+static int alloc_linear(cuda_engine *e, cu_linear *w, int N, int K, bool nf4, bool q8, char *err,
                         size_t errlen)
 {
     memset(w, 0, sizeof *w);
     w->N = N;
     w->K = K;
+    if (q8) {
+        int8_t *quants = NULL;
+        dol_f16 *scales = NULL;
+        if (dalloc(e, &quants, dol_q8_quants_bytes(N, K), "weights", err, errlen) ||
+            dalloc(e, &scales, dol_q8_scales_bytes(N, K), "weights", err, errlen))
+            return -1;
+        w->is_q8 = true;
+        w->q8 = (dol_cuda_q8){ quants, scales, N, K };
+        return 0;
+    }
     if (!nf4) return dalloc(e, &w->f16, (size_t)N * (size_t)K * sizeof(dol_f16), "weights", err, errlen);
     uint8_t *codes = NULL;
     dol_f16 *scales = NULL;
@@ -408,10 +468,10 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
         cu_layer *w = &e->L[l];
         if (dalloc(e, &w->attn_norm, d * sizeof(float), "weights", err, errlen) ||
             dalloc(e, &w->ffn_norm, d * sizeof(float), "weights", err, errlen) ||
-            alloc_linear(e, &w->qkv, e->qkv_dim, e->d, e->nf4, err, errlen) ||
-            alloc_linear(e, &w->o, e->d, e->q_dim, e->nf4, err, errlen) ||
-            alloc_linear(e, &w->gu, 2 * e->f, e->d, e->nf4, err, errlen) ||
-            alloc_linear(e, &w->down, e->d, e->f, e->nf4, err, errlen))
+            alloc_linear(e, &w->qkv, e->qkv_dim, e->d, e->nf4, e->q8, err, errlen) ||
+            alloc_linear(e, &w->o, e->d, e->q_dim, e->nf4, e->q8, err, errlen) ||
+            alloc_linear(e, &w->gu, 2 * e->f, e->d, e->nf4, e->q8, err, errlen) ||
+            alloc_linear(e, &w->down, e->d, e->f, e->nf4, e->q8, err, errlen))
             return -1;
     }
     if ((e->has_embed && dalloc(e, &e->embed, (size_t)e->V * d * sizeof(dol_f16), "weights", err, errlen)) ||
@@ -420,8 +480,9 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
     /* a tied lm_head shares the embedding when both are here */
     bool tied = m->lm_head.data == m->embed.data && e->has_embed;
     if (!e->has_head) e->lm_head = (cu_linear){ 0 };
-    else if (tied && !e->nf4_head) e->lm_head = (cu_linear){ .N = e->V, .K = e->d, .f16 = e->embed };
-    else if (alloc_linear(e, &e->lm_head, e->V, e->d, e->nf4_head, err, errlen))
+    else if (tied && !e->nf4_head && !e->q8_head)
+        e->lm_head = (cu_linear){ .N = e->V, .K = e->d, .f16 = e->embed };
+    else if (alloc_linear(e, &e->lm_head, e->V, e->d, e->nf4_head, e->q8_head, err, errlen))
         return -1;
 
     const size_t T = (size_t)e->max_T;
@@ -480,7 +541,7 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
     /* weights: q/k/v rows into one matrix, gate/up rows into another (NF4:
      * quantized on the host on a pool of n_threads, slab by slab) */
     dol_pool *pool = NULL;
-    if (e->nf4 || e->nf4_head) {
+    if (e->nf4 || e->nf4_head || e->q8 || e->q8_head) {
         pool = dol_pool_new(e->n_threads);
         if (!pool) {
             dol_set_err(err, errlen, "engine: cannot start %d threads", e->n_threads);
@@ -510,7 +571,7 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
         }
     }
     if (rc == 0 && e->has_embed) rc = up_f16(&u, e->embed, &m->embed, err, errlen);
-    if (rc == 0 && e->has_head && (!tied || e->nf4_head))
+    if (rc == 0 && e->has_head && (!tied || e->nf4_head || e->q8_head))
         rc = up_linear(e, &u, pool, &e->lm_head, 0, &m->lm_head, "lm_head.weight", err, errlen);
     if (rc == 0 && e->has_head) rc = up_f32(&u, e->final_norm, &m->final_norm, err, errlen);
     up_free(&u);
@@ -527,9 +588,9 @@ static int cuda_setup(cuda_engine *e, const dol_model *m, const dol_engine_param
 {
     const dol_model_config *c = &m->cfg;
     if (p->weights != DOL_WEIGHTS_AUTO && p->weights != DOL_WEIGHTS_F16 &&
-        p->weights != DOL_WEIGHTS_NF4) {
-        dol_set_err(err, errlen, "weights: the CUDA backend holds weights in f16 or nf4 (use "
-                                 "weights: f16, nf4 or auto, or backend: cpu)");
+        p->weights != DOL_WEIGHTS_NF4 && p->weights != DOL_WEIGHTS_INT8) {
+        dol_set_err(err, errlen, "weights: the CUDA backend holds weights in f16, nf4 or int8 (use "
+                                 "weights: f16, nf4, int8 or auto, or backend: cpu)");
         return -1;
     }
     if (p->weights == DOL_WEIGHTS_NF4 &&
@@ -561,6 +622,8 @@ static int cuda_setup(cuda_engine *e, const dol_model *m, const dol_engine_param
     e->scale = 1.0f / sqrtf((float)c->head_dim);
     e->nf4 = p->weights == DOL_WEIGHTS_NF4;
     e->nf4_head = e->nf4 && p->quantize_lm_head;
+    e->q8 = p->weights == DOL_WEIGHTS_INT8;
+    e->q8_head = e->q8 && p->quantize_lm_head;
     e->n_threads = p->n_threads > 0 ? p->n_threads : 1;
     e->max_T = p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048;
     const int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
@@ -573,15 +636,15 @@ static int cuda_setup(cuda_engine *e, const dol_model *m, const dol_engine_param
         e->split_len = (int)align_up((size_t)((ctx + SPLITS_MAX - 1) / SPLITS_MAX), 32);
     e->n_splits = (ctx + e->split_len - 1) / e->split_len;
     e->block_elems = (int64_t)e->c.n_layers * 2 * bs * e->kv_dim;
-    if ((e->nf4 || e->nf4_head) && e->max_T > DOL_CUDA_NF4_GEMV_UPTO) {
-        /* the dequantized tile: the largest NF4 matrix, at most NF4_WS_ELEMS */
+    if ((e->nf4 || e->nf4_head || e->q8 || e->q8_head) && e->max_T > DOL_CUDA_NF4_GEMV_UPTO) {
+        /* the dequantized tile: the largest quantized matrix, at most NF4_WS_ELEMS */
         size_t most = 0;
-        if (e->nf4) {
+        if (e->nf4 || e->q8) {
             const size_t d = (size_t)e->d, f = (size_t)e->f;
             const size_t sizes[4] = { (size_t)e->qkv_dim * d, d * e->q_dim, 2 * f * d, d * f };
             for (int i = 0; i < 4; i++) most = sizes[i] > most ? sizes[i] : most;
         }
-        if (e->nf4_head && (size_t)e->V * e->d > most) most = (size_t)e->V * e->d;
+        if ((e->nf4_head || e->q8_head) && (size_t)e->V * e->d > most) most = (size_t)e->V * e->d;
         e->nf4_ws_elems = most < NF4_WS_ELEMS ? most : NF4_WS_ELEMS;
     }
     plan_meta(e);
@@ -715,7 +778,8 @@ static int cuda_create_range(const dol_model *m, const dol_engine_params *p, int
     dol_log(DOL_LOG_INFO, "cuda_ready",
             "device=%d blocks=%d..%d weights=%s lm_head=%s weights_mib=%.0f workspace_mib=%.0f kv_blocks=%d "
             "kv_mib=%.0f budget_mib=%.0f graphs=%d",
-            e->dev, e->l0, e->l0 + e->c.n_layers - 1, e->nf4 ? "nf4" : "f16", e->nf4_head ? "nf4" : "f16", MIB(e->weight_bytes),
+            e->dev, e->l0, e->l0 + e->c.n_layers - 1, e->nf4 ? "nf4" : e->q8 ? "int8" : "f16",
+            e->nf4_head ? "nf4" : e->q8_head ? "int8" : "f16", MIB(e->weight_bytes),
             MIB(workspace_bytes(e)), e->n_blocks,
             MIB((double)e->n_blocks * block_bytes), MIB(frac * (double)total), e->graphs_on ? 1 : 0);
     *n_blocks = e->n_blocks;
@@ -831,11 +895,14 @@ static void cuda_copy_block(void *impl, int32_t src, int32_t dst, int rows)
 
 /* out[T][N] = x[T][K] . W[N][K]^T: FP16 inputs, FP32 accumulation and output.
  * FP16 W: row-major out is column-major out^T = W^T(N x K) . x^T(K x T).
- * NF4 W: kernels/nf4.cu (decode kernel for a few rows, dequantized tiles and
- * cuBLAS for more). */
+ * NF4 W: kernels/nf4.cu, Q8_0 W: kernels/q8.cu (decode kernel for a few
+ * rows, dequantized tiles and cuBLAS for more). */
 static int linear(cuda_engine *e, float *out, const dol_f16 *x, int T, const cu_linear *w,
                   char *err, size_t errlen)
 {
+    if (w->is_q8)
+        return dol_cuda_q8_matmul(e->blas, out, x, T, &w->q8, e->nf4_ws, e->nf4_ws_elems,
+                                  e->stream, err, errlen);
     if (!w->f16)
         return dol_cuda_nf4_matmul(e->blas, out, x, T, &w->nf4, e->nf4_ws, e->nf4_ws_elems,
                                    e->stream, err, errlen);

@@ -41,6 +41,15 @@ static const float NF4_MID[15] = {
     MID(NF4_L12, NF4_L13), MID(NF4_L13, NF4_L14), MID(NF4_L14, NF4_L15),
 };
 
+/* The same midpoints in double, exact: the sum of two floats halved. */
+#define MIDD(a, b) (0.5 * ((double)(a) + (double)(b)))
+static const double NF4_MID_EXACT[15] = {
+    MIDD(NF4_L0, NF4_L1),   MIDD(NF4_L1, NF4_L2),   MIDD(NF4_L2, NF4_L3),   MIDD(NF4_L3, NF4_L4),
+    MIDD(NF4_L4, NF4_L5),   MIDD(NF4_L5, NF4_L6),   MIDD(NF4_L6, NF4_L7),   MIDD(NF4_L7, NF4_L8),
+    MIDD(NF4_L8, NF4_L9),   MIDD(NF4_L9, NF4_L10),  MIDD(NF4_L10, NF4_L11), MIDD(NF4_L11, NF4_L12),
+    MIDD(NF4_L12, NF4_L13), MIDD(NF4_L13, NF4_L14), MIDD(NF4_L14, NF4_L15),
+};
+
 size_t dol_nf4_codes_bytes(int64_t rows, int64_t cols) { return (size_t)rows * (size_t)(cols / 2); }
 
 size_t dol_nf4_scales_bytes(int64_t rows, int64_t cols)
@@ -99,14 +108,20 @@ static int quantize_block(const void *src, dol_dtype t, int64_t base, int n,
     float s = dol_f16_to_f32(h);
     if (isinf(s)) return -1;
     *scale = h;
-    float x[DOL_NF4_BLOCK];
     uint8_t q[DOL_NF4_BLOCK];
-    for (int i = 0; i < n; i++) {
-        x[i] = s > 0.0f ? w[i] / s : 0.0f;
-        q[i] = 0;
+    if (s > 0.0f) {
+        /* w / s > mid decided exactly as w > mid * s in double (mid has 25
+         * significant bits, s 11: the product is exact), so every code is
+         * the one an exact (float64) reference picks, also where w / s
+         * rounded to float would land on the other side of a midpoint */
+        double t[15];
+        for (int m = 0; m < 15; m++) t[m] = (double)NF4_MID_EXACT[m] * (double)s;
+        for (int i = 0; i < n; i++) q[i] = 0;
+        for (int m = 0; m < 15; m++)
+            for (int i = 0; i < n; i++) q[i] += (double)w[i] > t[m];
+    } else {
+        for (int i = 0; i < n; i++) q[i] = 7; /* a block of zeros */
     }
-    for (int m = 0; m < 15; m++) /* q[i] = dol_nf4_nearest(x[i]), 64 at a time */
-        for (int i = 0; i < n; i++) q[i] += x[i] > NF4_MID[m];
     int half = n / 2;
     for (int j = 0; j < half; j++) codes[j] = (uint8_t)(q[j] | (q[j + half] << 4));
     return 0;

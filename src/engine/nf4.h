@@ -32,7 +32,8 @@
  * resident linear weights under 0.30 x F16 without double quantization).
  *
  * Quantization: code = the level nearest to w / s (ties go to the lower
- * level), s = f16(absmax of the block); a block of zeros gets s = 0 and
+ * level; decided exactly, in double, not on w / s rounded to float),
+ * s = f16(absmax of the block); a block of zeros gets s = 0 and
  * codes 7. Weights whose magnitude exceeds the F16 range, and NaN, are
  * refused. */
 #ifndef DOLPHIN_ENGINE_NF4_H

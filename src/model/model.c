@@ -257,6 +257,18 @@ static int config_from_json(const cJSON *root, dol_model_config *c, char *err, s
                     "(only silu)", got);
         return -1;
     }
+    /* a checkpoint quantized elsewhere (bitsandbytes, GPTQ, AWQ ...) holds
+     * packed integers under the usual names: never read them as weights */
+    const cJSON *qc = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (!absent(qc)) {
+        const cJSON *qm = cJSON_IsObject(qc) ? cJSON_GetObjectItemCaseSensitive(qc, "quant_method") : NULL;
+        if (qm) describe(qm, got, sizeof got);
+        else snprintf(got, sizeof got, "unknown");
+        dol_set_err(err, errlen, CONFIG_NAME ": field quantization_config: the checkpoint is already "
+                    "quantized (quant_method %s); use its F16/BF16/F32 original (weights: nf4 or int8 "
+                    "quantize at load)", got);
+        return -1;
+    }
     if (!absent(cJSON_GetObjectItemCaseSensitive(root, "rope_scaling"))) {
         dol_set_err(err, errlen, CONFIG_NAME ": field rope_scaling: unsupported value "
                     "(only null)");
@@ -559,6 +571,50 @@ static long layer_of(const char *name)
     return *p == '.' ? n : -1;
 }
 
+/* What a tensor of a checkpoint quantized by another tool looks like, by the
+ * end of its name: bitsandbytes' 4/8-bit state next to each weight, GPTQ's
+ * and AWQ's packed integers with their zero points and scales. NULL for a
+ * plain name. */
+static const char *prequantized_kind(const char *name)
+{
+    static const struct { const char *suffix, *kind; } K[] = {
+        { ".absmax", "bitsandbytes quantization state (absmax)" },
+        { ".quant_map", "bitsandbytes quantization state (quant_map)" },
+        { ".nested_absmax", "bitsandbytes quantization state (nested_absmax)" },
+        { ".nested_quant_map", "bitsandbytes quantization state (nested_quant_map)" },
+        { ".SCB", "bitsandbytes int8 scales (SCB)" },
+        { ".qweight", "GPTQ/AWQ packed weights (qweight)" },
+        { ".qzeros", "GPTQ/AWQ packed zero points (qzeros)" },
+        { ".scales", "GPTQ/AWQ scales" },
+        { ".g_idx", "GPTQ group index (g_idx)" },
+    };
+    if (strstr(name, ".quant_state.")) return "bitsandbytes quantization state (quant_state)";
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof K / sizeof K[0]; i++) {
+        size_t k = strlen(K[i].suffix);
+        if (n > k && strcmp(name + n - k, K[i].suffix) == 0) return K[i].kind;
+    }
+    return NULL;
+}
+
+/* Refuse a checkpoint that another tool already quantized, naming the file
+ * and the first such tensor, before anything is read as weights. */
+static int check_not_prequantized(const loader *L, char *err, size_t errlen)
+{
+    for (int i = 0; i < L->p->n_files; i++) {
+        const dol_st_file *f = &L->p->files[i];
+        for (size_t j = 0; j < f->n_tensors; j++) {
+            const char *kind = prequantized_kind(f->tensors[j].name);
+            if (!kind) continue;
+            dol_set_err(err, errlen, "%s: tensor %s: looks like %s, a checkpoint already "
+                        "quantized; use its F16/BF16/F32 original (weights: nf4 or int8 "
+                        "quantize at load)", f->fname, f->tensors[j].name, kind);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Layers stored beyond num_hidden_layers would be silently left out: the
  * config describes a different model than the weights. */
 static int check_layer_count(const loader *L, char *err, size_t errlen)
@@ -658,6 +714,7 @@ int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen)
         dol_set_err(err, errlen, CONFIG_NAME ": out of memory for %d layers", m->cfg.n_layers);
         goto done;
     }
+    if (check_not_prequantized(&L, err, errlen) != 0) goto done;
     if (check_layer_count(&L, err, errlen) != 0) goto done;
     if (bind_all(&L, err, errlen) != 0) goto done;
     rc = 0;

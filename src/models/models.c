@@ -364,7 +364,7 @@ static int load_objects(dol_models *m, const dol_model_entry *me, objects *o, ch
                 qs.quant_seconds, qs.quant_bytes_before, qs.quant_bytes_after, qs.linear_bytes,
                 qs.linear_f16_bytes,
                 qs.linear_f16_bytes ? (double)qs.linear_bytes / (double)qs.linear_f16_bytes : 0.0,
-                me->quantize_lm_head ? "nf4" : "kept");
+                me->quantize_lm_head ? dol_config_choice_name("weights", me->weights) : "kept");
     if (cfg->warmup) {
         int wrc = warm_up(m, me->name, o->sched, o->model, dol_engine_context_len(o->engine), err,
                           errlen);

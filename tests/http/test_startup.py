@@ -194,6 +194,53 @@ def test_fewer_layers_than_the_weights(tmpdir_):
     expect_refusal(d, p + ": field num_hidden_layers: 4", "model.safetensors", "model.layers.4.")
 
 
+def test_unknown_weights_value(tmpdir_):
+    # an unknown weights value: exit 2, naming it and listing the valid ones
+    for args in (["--weights", "int4"], ["--config", os.path.join(tmpdir_, "w.yaml")]):
+        with open(os.path.join(tmpdir_, "w.yaml"), "w") as f:
+            f.write("weights: int4\n")
+        rc, err = run("--model", STORIES, *args)
+        lines = error_lines(err)
+        assert rc == 2, err
+        assert len(lines) == 1, lines
+        assert "weights" in lines[0] and "int4" in lines[0], lines[0]
+        assert "auto|f32|f16|nf4|int8" in lines[0], lines[0]
+
+
+def add_tensor(path, name, dtype, shape, nbytes):
+    h, data = read_st(path)
+    begin = len(data)
+    h[name] = {"dtype": dtype, "shape": shape, "data_offsets": [begin, begin + nbytes]}
+    write_st(path, h, data + bytes(nbytes))
+
+
+def test_prequantized_checkpoints_are_refused(tmpdir_):
+    # tensors that another quantizer (bitsandbytes, GPTQ, AWQ) leaves next to
+    # or instead of the weights: refused at load, naming file, tensor and kind
+    w = "model.layers.1.self_attn.q_proj"
+    for i, (name, dtype, shape, nbytes, kind) in enumerate([
+            (w + ".weight.absmax", "F32", [64], 256, "bitsandbytes"),
+            (w + ".weight.quant_map", "F32", [16], 64, "bitsandbytes"),
+            (w + ".weight.quant_state.bitsandbytes__nf4", "U8", [32], 32, "bitsandbytes"),
+            (w + ".qweight", "I32", [8, 64], 2048, "GPTQ/AWQ"),
+            (w + ".qzeros", "I32", [1, 8], 32, "GPTQ/AWQ"),
+            (w + ".scales", "F16", [1, 64], 128, "GPTQ/AWQ")]):
+        d = copy_model(STORIES, os.path.join(tmpdir_, f"m{i}"))
+        st = os.path.join(d, "model.safetensors")
+        add_tensor(st, name, dtype, shape, nbytes)
+        line = expect_refusal(d, st, "tensor " + name, kind, "already quantized")
+        assert line.count(name) == 1, line
+
+
+def test_quantization_config_is_refused(tmpdir_):
+    d = copy_model(STORIES, os.path.join(tmpdir_, "m"))
+    p = os.path.join(d, "config.json")
+    cfg = json.load(open(p))
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    json.dump(cfg, open(p, "w"))
+    expect_refusal(d, p + ": field quantization_config", "gptq", "already quantized")
+
+
 def test_missing_model_dir(tmpdir_):
     d = os.path.join(tmpdir_, "nope")
     line = expect_refusal(d, "config.json")

@@ -138,7 +138,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.backend, DOL_BACKEND_AUTO);
     assert_true(c.gpu_memory_utilization == 0.90);
     assert_int_equal(c.weights, DOL_WEIGHTS_AUTO);
-    assert_true(c.quantize_lm_head);
+    assert_false(c.quantize_lm_head);
     assert_int_equal(c.context_len, 0);
     assert_true(c.temperature == 1.0f);
     assert_true(c.top_p == 1.0f);
@@ -377,7 +377,7 @@ static const struct { const char *text, *want; } BAD_YAML[] = {
     { "# c\n\nwarmup: maybe\n", ":3: field warmup: not a boolean (true or false): maybe" },
     { "batch_mode: dynamic\n", ":1: field batch_mode: not one of continuous|static: dynamic" },
     { "backend: gpu\n", ":1: field backend: not one of auto|cpu|cuda: gpu" },
-    { "weights: q4\n", ":1: field weights: not one of auto|f32|f16|nf4: q4" },
+    { "weights: q4\n", ":1: field weights: not one of auto|f32|f16|nf4|int8: q4" },
     { "log_level: trace\n", ":1: field log_level: not one of debug|info|warn|error: trace" },
     { "memory_high_watermark: 0\n",
       ":1: field memory_high_watermark: out of range: 0 (must be > 0 and <= 1)" },
