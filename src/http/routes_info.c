@@ -60,6 +60,20 @@ static cJSON *model_object(const dol_server *s, const dol_model_info *in)
         cJSON_AddStringToObject(pl, "backend", in->backend ? in->backend
                                 : dol_config_choice_name("backend", me->backend));
         cJSON_AddNumberToObject(pl, "gpu_memory_utilization", me->gpu_memory_utilization);
+        /* once loaded: the blocks each device holds (layer placement) */
+        cJSON *devs = in->has_stats ? cJSON_AddArrayToObject(pl, "devices") : NULL;
+        for (int i = 0; devs && i < in->stats.n_devices; i++) {
+            const dol_device_memory *d = &in->stats.devices[i];
+            cJSON *o = cJSON_CreateObject();
+            if (!o) break;
+            cJSON_AddStringToObject(o, "device", d->name);
+            cJSON_AddNumberToObject(o, "first_block", d->first_block);
+            cJSON_AddNumberToObject(o, "blocks", d->n_blocks);
+            cJSON_AddBoolToObject(o, "embed", d->embed);
+            cJSON_AddBoolToObject(o, "head", d->head);
+            cJSON_AddNumberToObject(o, "weight_bytes", (double)d->weight_bytes);
+            cJSON_AddItemToArray(devs, o);
+        }
     }
     cJSON_AddBoolToObject(x, "pinned", me->pinned);
     cJSON *al = cJSON_AddArrayToObject(x, "aliases");

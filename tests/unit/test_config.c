@@ -987,7 +987,7 @@ static void test_models_bad(void **state)
         {"models:\n  - name: a\n    path: /p\n    colour: red\n",
          ":4: field models[0] 'a'.colour: unknown key (want name, path"},
         {"models:\n  - name: a\n    path: /p\n    weights: int3\n",
-         ":4: field models[0] 'a'.weights: not one of auto|f32|f16|nf4: int3"},
+         ":4: field models[0] 'a'.weights: not one of auto|f32|f16|nf4|int8: int3"},
         {"models:\n  - name: a\n    path: /p\n    pinned: maybe\n",
          "field models[0] 'a'.pinned: not a boolean"},
         {"models:\n  - name: a\n    path: /p\n    path: /q\n", "field models[0] 'a'.path: set twice"},
