@@ -63,7 +63,10 @@ static int engine_sizes(const dol_model *model, const dol_engine_params *p, int 
     size_t elem = elem_bytes > 0 ? (size_t)elem_bytes : sizeof(float);
     size_t per_token = (size_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * elem;
     int64_t tokens = p->kv_cache_tokens;
-    if (tokens <= 0 && p->kv_cache_bytes > 0) tokens = p->kv_cache_bytes / (int64_t)per_token;
+    if (tokens <= 0 && p->kv_cache_bytes > 0) {   /* at least one token: one block */
+        tokens = p->kv_cache_bytes / (int64_t)per_token;
+        if (tokens < 1) tokens = 1;
+    }
     *want = tokens > 0 ? (tokens + *bs - 1) / *bs : 0;
     if (*want > INT32_MAX / 2) {
         dol_set_err(err, errlen, "kv_cache: %lld tokens is not a usable pool size", (long long)tokens);
@@ -72,14 +75,24 @@ static int engine_sizes(const dol_model *model, const dol_engine_params *p, int 
     return 0;
 }
 
-#ifdef DOLPHIN_HAVE_CUDA
 /* The placement settings ask for more than one device's whole model. */
 static bool placement_asked(const dol_engine_params *p)
 {
     return p->n_devices > 1 || (p->n_devices == 1 && p->devices[0] != 0) || p->n_layer_split > 0 ||
            p->gpu_layers_set || p->no_host_spill;
 }
-#endif
+
+/* backend auto found no GPU: the placement settings have nothing to place
+ * on, and the whole model runs on the CPU backend; said once, loudly. */
+static void placement_ignored(const dol_engine_params *p, const char *why)
+{
+    if (!placement_asked(p)) return;
+    dol_log(DOL_LOG_WARN, "placement_ignored",
+            "devices=%d layer_split=%d gpu_layers=%d allow_host_spill=%d reason=\"%s\" "
+            "msg=\"the layer placement settings apply to CUDA devices; every block runs on the CPU\"",
+            p->n_devices, p->n_layer_split, p->gpu_layers_set ? p->gpu_layers : -1,
+            p->no_host_spill ? 0 : 1, why);
+}
 
 int dol_engine_create(const dol_model *model, const dol_engine_params *p,
                       dol_engine **out, char *err, size_t errlen)
@@ -116,12 +129,16 @@ int dol_engine_create(const dol_model *model, const dol_engine_params *p,
         } else if (p->backend == DOL_BACKEND_CUDA) {
             dol_set_err(err, errlen, "backend: cuda requested but no usable CUDA device was found: %s", why);
             return -1;
+        } else {
+            placement_ignored(p, why);
         }
 #else
         if (p->backend == DOL_BACKEND_CUDA) {
+            /* a setting this build can never honour: exit 2 */
             dol_set_err(err, errlen, "backend: cuda requested but this dolphind was built without CUDA");
-            return -1;
+            return -2;
         }
+        placement_ignored(p, "this dolphind was built without CUDA");
 #endif
     }
     return dol_engine_create_with(ops, model, p, out, err, errlen);

@@ -348,3 +348,32 @@ def test_help_lists_flags():
     for flag in ("--config", "--model", "--host", "--port", "--threads", "--max-batch-size",
                  "--batch-window-ms", "--batch-mode", "--max-queue", "--kv-cache-tokens"):
         assert flag in p.stdout, flag
+
+
+def test_placement_settings_without_a_gpu_are_named_not_dropped():
+    # no CUDA device here (or no CUDA in this build): the whole model runs on
+    # the CPU and the placement keys that were set are named in a warning
+    srv = Dolphind(STORIES, ["--gpu-layers", "3", "--devices", "0,1", "--no-warmup"], threads=1)
+    try:
+        warn = [l for l in srv.log().splitlines() if "event=placement_ignored" in l]
+        assert len(warn) == 1 and "level=warn" in warn[0], srv.log()
+        assert "devices=2" in warn[0] and "gpu_layers=3" in warn[0]
+        assert srv.complete({"model": srv.model, "prompt": "Once", "max_tokens": 2}).status_code == 200
+    finally:
+        srv.stop()
+    # backend: cpu with blocks asked on a GPU is a contradiction: exit 2
+    code, err = run("--model", STORIES, "--backend", "cpu", "--gpu-layers", "2")
+    assert code == 2 and "gpu_layers" in err, err
+    # backend: cuda: exit 2 when this build has no CUDA at all (a setting it can
+    # never honour), 1 when it has but finds no device (the machine's state)
+    code, err = run("--model", STORIES, "--backend", "cuda")
+    assert code == (2 if "built without CUDA" in err else 1), (code, err)
+
+
+def test_kv_cache_bytes_below_one_token_is_one_block():
+    srv = Dolphind(STORIES, ["--kv-cache-bytes", "1", "--no-warmup", "--max-tokens", "4"], threads=1)
+    try:
+        line = [l for l in srv.log().splitlines() if "event=model_loaded" in l][0]
+        assert "kv_blocks=1 " in line, line
+    finally:
+        srv.stop()
