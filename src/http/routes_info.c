@@ -215,6 +215,29 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
         cJSON_AddStringToObject(o, "id", in.name);
         cJSON_AddStringToObject(o, "state", dol_model_state_name(in.state));
         cJSON_AddBoolToObject(o, "startup", in.startup);
+        if (in.has_stats) {   /* loaded: its own pool and devices (the totals below add them up) */
+            const dol_scheduler_stats *ms = &in.stats;
+            cJSON *kv = cJSON_AddObjectToObject(o, "kv_cache");
+            if (kv) {
+                const double tokens = (double)ms->kv_blocks_total * ms->kv_block_size;
+                cJSON_AddNumberToObject(kv, "blocks_used", ms->kv_blocks_used);
+                cJSON_AddNumberToObject(kv, "blocks_total", ms->kv_blocks_total);
+                cJSON_AddNumberToObject(kv, "tokens_total", tokens);
+                cJSON_AddNumberToObject(kv, "full_contexts",
+                                        ms->context_len > 0 ? tokens / ms->context_len : 0.0);
+                cJSON_AddStringToObject(kv, "dtype", ms->kv_dtype ? ms->kv_dtype : "f32");
+            }
+            cJSON *devs = cJSON_AddArrayToObject(o, "devices");
+            for (int d = 0; devs && d < ms->n_devices; d++) {
+                cJSON *dv = cJSON_CreateObject();
+                if (!dv) break;
+                cJSON_AddStringToObject(dv, "device", ms->devices[d].name);
+                cJSON_AddNumberToObject(dv, "blocks", ms->devices[d].n_blocks);
+                cJSON_AddNumberToObject(dv, "used_bytes", (double)ms->devices[d].used);
+                cJSON_AddNumberToObject(dv, "total_bytes", (double)ms->devices[d].total);
+                cJSON_AddItemToArray(devs, dv);
+            }
+        }
         cJSON_AddItemToArray(ml, o);
     }
     if (first) cJSON_AddStringToObject(root, "model", first);
