@@ -58,7 +58,7 @@ void dol_metrics_observe(dol_metrics *m, const dol_metrics_request *r);
 
 /* One device holding part of a model (layer placement), in order. */
 typedef struct {
-    const char *name;        /* "cuda:0", "cuda:1", "cpu" */
+    char name[16];           /* "cuda:0", "cuda:1", "cpu" (a copy) */
     size_t used, total;      /* bytes (the CPU: its KV pool) */
     int blocks;              /* transformer blocks held there */
 } dol_metrics_device;

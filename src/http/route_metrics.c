@@ -63,9 +63,13 @@ enum MHD_Result dol_http_metrics(dol_http_req *c)
             .loads = in.loads, .load_failures = in.load_failures, .unloads = in.unloads,
             .load_seconds_total = in.load_seconds_total, .last_load_s = in.last_load_s,
         };
+        /* copied: `in` ends with this iteration */
         for (int d = 0; in.has_stats && d < st->n_devices && d < DOL_METRICS_MAX_DEVICES; d++) {
-            ms[i].devices[d] = (dol_metrics_device){st->devices[d].name, st->devices[d].used,
-                                                    st->devices[d].total, st->devices[d].n_blocks};
+            dol_metrics_device *dv = &ms[i].devices[d];
+            snprintf(dv->name, sizeof dv->name, "%s", st->devices[d].name);
+            dv->used = st->devices[d].used;
+            dv->total = st->devices[d].total;
+            dv->blocks = st->devices[d].n_blocks;
             ms[i].n_devices = d + 1;
         }
     }
@@ -92,9 +96,12 @@ enum MHD_Result dol_http_metrics(dol_http_req *c)
     g.prefix_cache_hit_tokens = rd.st.prefix_cache_hit_tokens;
     g.device_memory_used = rd.st.mem_used_bytes;
     g.device_memory_total = rd.st.mem_total_bytes;
-    for (int i = 0; i < rd.st.n_devices && g.n_devices < DOL_METRICS_MAX_DEVICES; i++, g.n_devices++)
-        g.devices[i] = (dol_metrics_device){rd.st.devices[i].name, rd.st.devices[i].used,
-                                            rd.st.devices[i].total, rd.st.devices[i].n_blocks};
+    for (int i = 0; i < rd.st.n_devices && g.n_devices < DOL_METRICS_MAX_DEVICES; i++, g.n_devices++) {
+        snprintf(g.devices[i].name, sizeof g.devices[i].name, "%s", rd.st.devices[i].name);
+        g.devices[i].used = rd.st.devices[i].used;
+        g.devices[i].total = rd.st.devices[i].total;
+        g.devices[i].blocks = rd.st.devices[i].n_blocks;
+    }
     g.weight_bytes = rd.st.weight_bytes;
     g.gpu_utilization = rd.have_sched ? rd.st.gpu_utilization : -1.0;
     g.steps = rd.st.steps;
