@@ -43,6 +43,10 @@ def rf_schema(schema):
     ({"type": "integer", "minimum": 5, "maximum": 1}, "invalid schema"),
     ({"$ref": "#/$defs/nowhere"}, "names no definition"),
     ({"enum": ["v%05d" % i for i in range(4000)]}, "max_grammar_states"),
+    ({"$defs": {"n": {"type": "array", "items": {"$ref": "#/$defs/n"}, "minItems": 1,
+                      "maxItems": 1}}, "$ref": "#/$defs/n"}, "'minItems' at /$defs/n/minItems"),
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"],
+      "additionalProperties": False}, "'required' at /required"),
 ])
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_refused_schemas(server, schema, pointer, route):
@@ -218,3 +222,24 @@ def test_schema_answers_validate(server):
             check_valid(name, c["text"])
         else:
             assert c["finish_reason"] == "length" and completes_json(c["text"]), (name, c)
+
+
+def test_recursive_schema_with_a_finite_value_completes(tiny_server):
+    """A recursive schema one of whose branches ends the recursion is
+    accepted; greedy decoding ends in a complete, valid value."""
+    schema = {"$defs": {"n": {"anyOf": [
+        {"type": "null"},
+        {"type": "array", "items": {"$ref": "#/$defs/n"}, "minItems": 1, "maxItems": 1}]}},
+        "$ref": "#/$defs/n"}
+    r = tiny_server.complete({"prompt": "[", "max_tokens": 1020, "temperature": 0,
+                              "response_format": rf_schema(schema)})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    if ch["finish_reason"] == "stop":
+        v = json.loads(ch["text"])
+        while isinstance(v, list):
+            assert len(v) == 1
+            v = v[0]
+        assert v is None
+    else:
+        assert ch["finish_reason"] == "length"

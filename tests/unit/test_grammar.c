@@ -178,6 +178,35 @@ static void test_schema_refused(void **state)
     schema_error("{\"type\":\"object\"", 0, "not JSON");
 }
 
+/* Schemas whose every value would nest without end are refused, naming the
+ * requirement that recurses; satisfiable recursive schemas still compile. */
+static void test_schema_no_finite_value(void **state)
+{
+    (void)state;
+    schema_error("{\"$defs\":{\"n\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"},"
+                 "\"minItems\":1,\"maxItems\":1}},\"$ref\":\"#/$defs/n\"}", 0,
+                 "'minItems' at /$defs/n/minItems");
+    schema_error("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},"
+                 "\"required\":[\"a\"],\"additionalProperties\":false}", 0,
+                 "'required' at /required");
+    schema_error("{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"array\",\"prefixItems\":[{\"$ref\":\"#\"}],"
+                 "\"minItems\":1}]}", 0, "no finite value");
+    schema_error("{\"$defs\":{\"a\":{\"type\":\"object\",\"properties\":{\"b\":{\"$ref\":\"#/$defs/b\"}},"
+                 "\"required\":[\"b\"]},\"b\":{\"allOf\":[{\"$ref\":\"#/$defs/c\"}]},"
+                 "\"c\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/a\"},\"minItems\":2}},"
+                 "\"$ref\":\"#/$defs/a\"}", 0, "no finite value");
+    /* one branch ends the recursion: accepted */
+    dol_grammar *g = schema("{\"$defs\":{\"n\":{\"anyOf\":[{\"type\":\"null\"},{\"type\":\"array\","
+                            "\"items\":{\"$ref\":\"#/$defs/n\"},\"minItems\":1,\"maxItems\":1}]}},"
+                            "\"$ref\":\"#/$defs/n\"}");
+    full(g, "[[[null]]]");
+    refused(g, "[]");
+    dol_grammar_release(g);
+    g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"additionalProperties\":false}");
+    full(g, "{\"a\":{\"a\":{}}}");
+    dol_grammar_release(g);
+}
+
 /* For every token: its mask bit against accepting it on a fresh matcher
  * that has read `pre`. */
 static void check_masks(const char *model, dol_grammar *g, const char *const *prefixes, int n)
@@ -265,6 +294,7 @@ int main(void)
         cmocka_unit_test(test_json_object),
         cmocka_unit_test(test_schema_values),
         cmocka_unit_test(test_schema_refused),
+        cmocka_unit_test(test_schema_no_finite_value),
         cmocka_unit_test(test_masks_json_small),
         cmocka_unit_test(test_masks_json_llama),
         cmocka_unit_test(test_masks_schema),
