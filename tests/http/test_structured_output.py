@@ -243,3 +243,27 @@ def test_recursive_schema_with_a_finite_value_completes(tiny_server):
         assert v is None
     else:
         assert ch["finish_reason"] == "length"
+
+
+def test_depth_bound_never_stops_mid_value(tiny_server):
+    """Near the nesting bound (docs/api.md) only values that can close in
+    time may open: a value ended by "stop" is always complete JSON."""
+    deep = {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+        "type": "array", "minItems": 1, "maxItems": 1, "items": {
+            "type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "null"}}}}
+    schema = {"$defs": {"n": {"anyOf": [
+        {"type": "array", "items": {"$ref": "#/$defs/n"}, "minItems": 1, "maxItems": 1},
+        deep]}}, "$ref": "#/$defs/n"}
+    # logit_bias pushes "[" and " [" (tiny-llama2 ids) so the value reaches
+    # the bound; it was cut there with "stop" and no "]" before
+    r = tiny_server.complete({"prompt": "[", "max_tokens": 1020, "temperature": 0,
+                              "logit_bias": {"29961": 100, "518": 100},
+                              "response_format": rf_schema(schema)})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    assert ch["text"].count("[") >= 500, ch["text"][:80]
+    assert ch["finish_reason"] in ("stop", "length"), ch
+    if ch["finish_reason"] == "stop":
+        json.loads(ch["text"])
+    else:
+        assert ch["text"].count("]") > 0
