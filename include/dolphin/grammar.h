@@ -70,8 +70,11 @@ void dol_matcher_free(dol_matcher *m);
 
 /* The tokens allowed next: bit (id % 64) of mask[id / 64] is set when token
  * id may follow (mask has dol_grammar_mask_words(v) words). The EOS id's bit
- * is set exactly when the value so far is complete. The result depends on
- * the matcher's state only (never on other sequences or the cache). */
+ * is set exactly when the value so far is complete. Values nest at most
+ * 511 levels (docs/api.md); near that bound only bytes after which the value
+ * can still close in time are allowed, so the mask of an incomplete value
+ * is never empty. The result depends on the matcher's state only (never on
+ * other sequences or the cache). */
 void dol_matcher_mask(dol_matcher *m, dol_grammar_vocab *v, uint64_t *mask);
 /* Advance by token id (not EOS). False when the token is not allowed (the
  * state is then unchanged) or on OOM. */

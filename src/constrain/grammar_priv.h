@@ -23,6 +23,8 @@ enum {
 #define GN_MAX_PROPS 64   /* properties of one object (a 64-bit seen mask) */
 #define GN_NO_ITEMS (-1)  /* array: no items past prefixItems */
 #define GN_TMPL_UUID 1
+#define GN_MAX_DEPTH 512  /* frames in one matcher stack, the root's included */
+#define GN_NO_VALUE 0x3fffffff /* height of a node no finite value matches */
 
 typedef struct {
     int kind;
@@ -43,6 +45,9 @@ typedef struct {
     int64_t min, max;
     /* literal */
     int lit_first, n_lit;
+    /* the fewest stack frames a complete value needs (this node's own
+     * included), GN_NO_VALUE when none: see dol_grammar_heights */
+    int height;
 } gnode;
 
 struct dol_grammar {
@@ -55,6 +60,7 @@ struct dol_grammar {
     int n_lits, cap_lits;
     int root;
     int n_states;
+    int max_height;             /* the largest finite node height */
 };
 
 /* A new grammar with one reference and a fresh uid; NULL on OOM. */
@@ -66,6 +72,11 @@ int dol_grammar_add_lit(dol_grammar *g, const char *s, size_t n);
 /* Sort lits[first .. first+n) (bytewise; a prefix before its extensions),
  * permuting perm alongside when non-NULL. */
 void dol_grammar_sort_lits(dol_grammar *g, int first, int n, int *perm);
+/* Fill every node's height by a fixpoint (a node has a finite value when
+ * some alternative completes with finite children only: each required
+ * property, each of the first minItems items, the $ref target, one anyOf
+ * branch) and max_height. */
+void dol_grammar_heights(dol_grammar *g);
 /* The node of any JSON value (added on first use); -1 on OOM. */
 int dol_grammar_any_node(dol_grammar *g, int *cache);
 

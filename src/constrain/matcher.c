@@ -20,7 +20,7 @@
 #include <string.h>
 
 #define MAXS 32          /* stacks in one state */
-#define MAX_DEPTH 512    /* frames in one stack */
+#define MAX_DEPTH GN_MAX_DEPTH /* frames in one stack */
 #define WS_MAX 2         /* whitespace bytes in a row between tokens */
 #define ARENA 16384      /* frames of scratch for one walk or token */
 #define CACHE_SLOTS 4096
@@ -138,12 +138,20 @@ static void pop(sctx *s, const frame *f, int refeed)
 
 static const gnode *gn(const sctx *s, int id) { return &s->g->nodes[id]; }
 
+/* Can a value of node id, pushed over a frame at depth `depth`, still be
+ * completed within MAX_DEPTH? Near the bound this keeps only the values
+ * that can close in time, so a live stack always has a completion. */
+static bool fits(const sctx *s, int depth, int id)
+{
+    return id >= 0 && depth + s->g->nodes[id].height <= MAX_DEPTH - 1;
+}
+
 /* Push a value of node `id` over parent (already in its waiting phase) and
  * feed it its first byte c. anyOf pushes every branch. */
 static void push_value(sctx *s, const frame *parent, int id, int c, int guard)
 {
     while (id >= 0 && gn(s, id)->kind == GN_ALIAS && guard++ < 64) id = gn(s, id)->target;
-    if (id < 0 || guard >= 64 || parent->depth + 1 >= MAX_DEPTH) return;
+    if (id < 0 || guard >= 64 || !fits(s, parent->depth, id)) return;
     const gnode *n = gn(s, id);
     if (n->kind == GN_ANYOF) {
         for (int i = 0; i < n->n_alts; i++) push_value(s, parent, n->alts[i], c, guard + 1);
@@ -261,16 +269,18 @@ static void step_key(sctx *s, const frame *f, int c)
         for (int j = lo; j < hi; j++)
             if (g->lit_len[j] == pos + 1) prop = n->key_prop[j - n->key_first];
         if (prop != ADDL && (f->v >> prop & 1)) return;   /* a key twice */
-        if (prop == ADDL && n->additional < 0) return;
+        if (!fits(s, f->depth - 1, prop == ADDL ? n->additional : n->prop_node[prop])) return;
         frame *x = fnew(s, f);
         if (!x) return;
         x->a = prop;
         pop(s, x, -1);
         return;
     }
-    bool live = n->additional >= 0;
-    for (int j = lo; j < hi && !live; j++)
-        live = !(f->v >> n->key_prop[j - n->key_first] & 1);
+    bool live = fits(s, f->depth - 1, n->additional);
+    for (int j = lo; j < hi && !live; j++) {
+        int prop = n->key_prop[j - n->key_first];
+        live = !(f->v >> prop & 1) && fits(s, f->depth - 1, n->prop_node[prop]);
+    }
     if (!live) return;
     frame *x = fnew(s, f);
     if (!x) return;
@@ -283,10 +293,15 @@ static void step_key(sctx *s, const frame *f, int c)
 
 /* ---- containers ---------------------------------------------------------------- */
 
-static bool key_possible(const gnode *n, const frame *f)
+/* Another key can follow in object frame f: one not yet seen whose value
+ * fits under the depth bound, or an additional property. */
+static bool key_possible(const sctx *s, const gnode *n, const frame *f)
 {
-    uint64_t all = n->n_props >= 64 ? ~0ull : (1ull << n->n_props) - 1;
-    return n->additional >= 0 || ((uint64_t)f->v & all) != all;
+    if (f->depth + 1 >= MAX_DEPTH) return false;
+    if (fits(s, f->depth, n->additional)) return true;
+    for (int i = 0; i < n->n_props; i++)
+        if (!((uint64_t)f->v >> i & 1) && fits(s, f->depth, n->prop_node[i])) return true;
+    return false;
 }
 
 /* Object phases: 0 before '{', 1 after '{', 2 in a key, 3 before ':',
@@ -304,7 +319,7 @@ static void step_object(sctx *s, const frame *f, int c)
     case 7:
         if (is_ws(c)) { step_ws(s, f); return; }
         if (c == '}' && f->phase == 1 && closable) { pop(s, f, -1); return; }
-        if (c == '"' && key_possible(n, f) && f->depth + 1 < MAX_DEPTH && (x = fnew(s, f))) {
+        if (c == '"' && key_possible(s, n, f) && (x = fnew(s, f))) {
             x->phase = 2;
             x->ws = 0;
             frame k = {.parent = x, .node = f->node, .fk = FK_KEY, .v = f->v,
@@ -326,7 +341,7 @@ static void step_object(sctx *s, const frame *f, int c)
     case 6:
         if (is_ws(c)) { step_ws(s, f); return; }
         if (c == '}' && closable) { pop(s, f, -1); return; }
-        if (c == ',' && key_possible(n, f) && (x = fnew(s, f))) { x->phase = 7; x->ws = 0; emit(s, x); }
+        if (c == ',' && key_possible(s, n, f) && (x = fnew(s, f))) { x->phase = 7; x->ws = 0; emit(s, x); }
         return;
     default: return;
     }
@@ -359,7 +374,7 @@ static void step_array(sctx *s, const frame *f, int c)
     case 3:
         if (is_ws(c)) { step_ws(s, f); return; }
         if (c == ']' && f->a >= n->min_items) { pop(s, f, -1); return; }
-        if (c == ',' && item_node(n, f->a) >= 0 && (x = fnew(s, f))) {
+        if (c == ',' && fits(s, f->depth, item_node(n, f->a)) && (x = fnew(s, f))) {
             x->phase = 4;
             x->ws = 0;
             emit(s, x);
@@ -551,6 +566,7 @@ typedef struct {
 
 struct dol_grammar_vocab {
     int vocab, words, eos;
+    int max_tok;             /* the longest token, in bytes */
     tnode *t;
     int n_t, cap_t;
     int32_t *tok_next;       /* next id ending at the same trie node */
@@ -632,6 +648,7 @@ dol_grammar_vocab *dol_grammar_vocab_new(const dol_tokenizer *tok, int vocab)
         memcpy(v->bytes + n_b, buf, n);
         v->tok_off[id] = (int32_t)n_b;
         v->tok_len[id] = (int32_t)n;
+        if ((int)n > v->max_tok) v->max_tok = (int)n;
         n_b += n;
         int node = 0;
         for (size_t i = 0; i < n && node >= 0; i++) node = trie_child(v, node, buf[i]);
@@ -724,7 +741,7 @@ static void walk(dol_grammar_vocab *v, sctx *s, int node, const frame *const *st
     }
 }
 
-static ckey key_of(const dol_grammar *g, const frame *f)
+static ckey key_of(const dol_grammar_vocab *v, const dol_grammar *g, const frame *f)
 {
     ckey k;
     memset(&k, 0, sizeof k);
@@ -734,8 +751,9 @@ static ckey key_of(const dol_grammar *g, const frame *f)
     k.b = f->b;
     k.v = f->v;
     k.aux = f->aux;
-    /* depth matters only near MAX_DEPTH (a token pushes far fewer frames) */
-    k.depthk = f->depth + 64 >= MAX_DEPTH ? f->depth : 0;
+    /* depth matters only where a token (one frame a byte at most) could
+     * reach a node that no longer fits under MAX_DEPTH */
+    k.depthk = f->depth + v->max_tok + g->max_height + 2 >= MAX_DEPTH ? f->depth : 0;
     k.fk = f->fk;
     k.phase = f->phase;
     k.ws = f->ws;
@@ -764,7 +782,7 @@ static void sctx_init(sctx *s, dol_grammar_vocab *v, const dol_grammar *g)
 /* The cached mask of top frame f: its entry, built on a miss. NULL on OOM. */
 static const centry *entry_of(dol_grammar_vocab *v, const dol_grammar *g, const frame *f)
 {
-    ckey k = key_of(g, f);
+    ckey k = key_of(v, g, f);
     uint64_t h = key_hash(&k);
     int slot = (int)(h % CACHE_SLOTS);
     while (v->cache[slot].used) {

@@ -171,6 +171,56 @@ int dol_grammar_any_node(dol_grammar *g, int *cache)
     return any;
 }
 
+/* The height of node id from the current heights (see dol_grammar_heights). */
+static int node_height(const dol_grammar *g, int id)
+{
+    if (id < 0) return GN_NO_VALUE;
+    const gnode *n = &g->nodes[id];
+    int h = 1;
+    switch (n->kind) {
+    case GN_ALIAS: return n->target >= 0 ? g->nodes[n->target].height : GN_NO_VALUE;
+    case GN_ANYOF:
+        h = GN_NO_VALUE;
+        for (int i = 0; i < n->n_alts; i++)
+            if (g->nodes[n->alts[i]].height < h) h = g->nodes[n->alts[i]].height;
+        return h;
+    case GN_OBJECT:
+        h = 1;   /* the key's frame */
+        for (int i = 0; i < n->n_props; i++)
+            if (n->required >> i & 1) {
+                int c = n->prop_node[i] >= 0 ? g->nodes[n->prop_node[i]].height : GN_NO_VALUE;
+                if (c > h) h = c;
+            }
+        return h >= GN_NO_VALUE ? GN_NO_VALUE : h + 1;
+    case GN_ARRAY:
+        for (int i = 0; i < n->min_items; i++) {
+            int it = i < n->n_prefix ? n->prefix[i] : n->items;
+            int c = it >= 0 ? g->nodes[it].height : GN_NO_VALUE;
+            if (c > h) h = c;
+            if (i >= n->n_prefix) break;   /* the rest are all `items` */
+        }
+        return h >= GN_NO_VALUE ? GN_NO_VALUE : h + 1;
+    default: return 1;
+    }
+}
+
+void dol_grammar_heights(dol_grammar *g)
+{
+    for (int i = 0; i < g->n_nodes; i++) g->nodes[i].height = GN_NO_VALUE;
+    /* heights only fall; each round settles at least one more node */
+    for (bool changed = true; changed; ) {
+        changed = false;
+        for (int i = 0; i < g->n_nodes; i++) {
+            int h = node_height(g, i);
+            if (h < g->nodes[i].height) { g->nodes[i].height = h; changed = true; }
+        }
+    }
+    g->max_height = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].height < GN_NO_VALUE && g->nodes[i].height > g->max_height)
+            g->max_height = g->nodes[i].height;
+}
+
 /* ---- json_object ------------------------------------------------------------ */
 
 static pthread_mutex_t g_cache_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -186,6 +236,7 @@ dol_grammar *dol_grammar_json_object(void)
         if (obj >= 0 && dol_grammar_any_node(g, &any) >= 0) {
             g->nodes[obj].additional = any;
             g->root = obj;
+            dol_grammar_heights(g);
             g_json_object = g;   /* the cache's reference, kept for the process */
         } else if (g) {
             grammar_free(g);
@@ -217,6 +268,8 @@ typedef struct {
     int def_node[MAX_DEFS];
     int n_defs;
     int depth;
+    char **npath;               /* per node: the pointer of the schema it came from */
+    int cap_npath;
 } cctx;
 
 static int fail(cctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -939,6 +992,15 @@ static int compile(cctx *c, const cJSON *s, const char *path)
     }
     int id = compile_body(c, s, path);
     c->depth--;
+    if (id >= 0 && id >= c->cap_npath) {   /* remember where node id came from */
+        int cap = c->g->cap_nodes > id ? c->g->cap_nodes : id + 1;
+        char **np = realloc(c->npath, sizeof *np * (size_t)cap);
+        if (!np) return oom(c);
+        memset(np + c->cap_npath, 0, sizeof *np * (size_t)(cap - c->cap_npath));
+        c->npath = np;
+        c->cap_npath = cap;
+    }
+    if (id >= 0 && !c->npath[id] && !(c->npath[id] = strdup(path))) return oom(c);
     if (id >= 0 && c->g->n_states > c->max_states)
         return fail(c, "the schema's automaton would have more than %d states "
                     "(max_grammar_states)", c->max_states);
@@ -956,6 +1018,58 @@ static int check_aliases(cctx *c)
             return fail(c, "invalid schema: a '$ref' refers only to itself");
     }
     return 0;
+}
+
+/* Every value must be finite: refuse a schema whose root has no finite
+ * value (dol_grammar_heights), naming the requirement that closes the
+ * endless chain; and one whose shallowest value nests too deep to match. */
+static int check_finite(cctx *c)
+{
+    dol_grammar *g = c->g;
+    dol_grammar_heights(g);
+    int h = g->nodes[g->root].height;
+    if (h < GN_NO_VALUE) {
+        if (h > GN_MAX_DEPTH - 1)
+            return fail(c, "invalid schema: its values nest more than %d levels deep",
+                        GN_MAX_DEPTH - 1);
+        return 0;
+    }
+    bool *seen = calloc((size_t)g->n_nodes, sizeof *seen);
+    if (!seen) return oom(c);
+    const char *kw = "$ref", *at = "";
+    int id = g->root;
+    while (id >= 0 && !seen[id]) {
+        seen[id] = true;
+        const gnode *n = &g->nodes[id];
+        const char *p = id < c->cap_npath && c->npath[id] ? c->npath[id] : NULL;
+        int next = -1;
+        if (n->kind == GN_ALIAS) {
+            next = n->target;
+            if (p) { kw = "$ref"; at = p; }
+        } else if (n->kind == GN_ANYOF) {
+            next = n->n_alts ? n->alts[0] : -1;   /* every branch is endless */
+        } else if (n->kind == GN_OBJECT) {
+            for (int i = 0; i < n->n_props && next < 0; i++)
+                if ((n->required >> i & 1) &&
+                    (n->prop_node[i] < 0 || g->nodes[n->prop_node[i]].height >= GN_NO_VALUE))
+                    next = n->prop_node[i];
+            kw = "required";
+            at = p ? p : "";
+        } else if (n->kind == GN_ARRAY) {
+            for (int i = 0; i < n->min_items && next < 0; i++) {
+                int it = i < n->n_prefix ? n->prefix[i] : n->items;
+                if (it < 0 || g->nodes[it].height >= GN_NO_VALUE) next = it;
+            }
+            kw = "minItems";
+            at = p ? p : "";
+        }
+        id = next;
+    }
+    free(seen);
+    char ptr[300];
+    path_join(ptr, sizeof ptr, at, kw);
+    return fail(c, "invalid schema: '%s' at %s can only be met by a value nested without "
+                "end; the schema admits no finite value", kw, ptr);
 }
 
 /* ---- the cache of compiled schemas ----------------------------------------- */
@@ -997,8 +1111,10 @@ int dol_grammar_from_schema(const char *schema, size_t len, int max_states,
     if (body >= 0) {
         c.g->nodes[c.def_node[0]].target = body;
         c.g->root = c.def_node[0];
-        check_aliases(&c);
+        if (check_aliases(&c) == 0) check_finite(&c);
     }
+    for (int i = 0; i < c.cap_npath; i++) free(c.npath[i]);
+    free(c.npath);
     cJSON_Delete(root);
     if (c.failed) {
         *is_oom = c.oom;

@@ -457,8 +457,10 @@ static void record_logprob(const dol_scheduler *s, const dol_request *r,
 /* Structured output: every token the grammar does not allow next gets
  * -inf, after penalties and logit bias, before any sampling step (greedy,
  * temperature, top-k/top-p/min-p then only see allowed tokens). The mask
- * depends on q's grammar state alone. False when nothing is allowed (a
- * complete value with nothing after it and EOS out of the vocabulary). */
+ * depends on q's grammar state alone. False when nothing is allowed: a
+ * complete value with nothing after it and EOS out of the vocabulary, or
+ * (never expected: the matcher keeps a completion within its depth bound)
+ * an incomplete one, which must not be reported as "stop". */
 static bool apply_grammar(dol_scheduler *s, seq_t *q)
 {
     dol_matcher_mask(q->m, s->gv, s->mask);
@@ -483,7 +485,8 @@ static bool sample_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
         memcpy(s->lp_scratch, q->logits, sizeof(float) * (size_t)s->vocab);
     dol_sampler_apply_penalties(s->sampler, &r->sampling, q->logits, q->tokens, q->n_tokens,
                                 r->n_prompt);
-    if (q->m && !apply_grammar(s, q)) return finish_choice(s, q, DOL_FINISH_STOP);
+    if (q->m && !apply_grammar(s, q))
+        return finish_choice(s, q, dol_matcher_complete(q->m) ? DOL_FINISH_STOP : DOL_FINISH_LENGTH);
     int32_t id = dol_sampler_pick(s->sampler, &r->sampling, q->logits, &q->rng);
     if (r->logprobs >= 0) record_logprob(s, r, s->lp_scratch, id, &lp);
     q->tokens[q->n_tokens++] = id;

@@ -178,6 +178,35 @@ static void test_schema_refused(void **state)
     schema_error("{\"type\":\"object\"", 0, "not JSON");
 }
 
+/* Schemas whose every value would nest without end are refused, naming the
+ * requirement that recurses; satisfiable recursive schemas still compile. */
+static void test_schema_no_finite_value(void **state)
+{
+    (void)state;
+    schema_error("{\"$defs\":{\"n\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"},"
+                 "\"minItems\":1,\"maxItems\":1}},\"$ref\":\"#/$defs/n\"}", 0,
+                 "'minItems' at /$defs/n/minItems");
+    schema_error("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},"
+                 "\"required\":[\"a\"],\"additionalProperties\":false}", 0,
+                 "'required' at /required");
+    schema_error("{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"array\",\"prefixItems\":[{\"$ref\":\"#\"}],"
+                 "\"minItems\":1}]}", 0, "no finite value");
+    schema_error("{\"$defs\":{\"a\":{\"type\":\"object\",\"properties\":{\"b\":{\"$ref\":\"#/$defs/b\"}},"
+                 "\"required\":[\"b\"]},\"b\":{\"allOf\":[{\"$ref\":\"#/$defs/c\"}]},"
+                 "\"c\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/a\"},\"minItems\":2}},"
+                 "\"$ref\":\"#/$defs/a\"}", 0, "no finite value");
+    /* one branch ends the recursion: accepted */
+    dol_grammar *g = schema("{\"$defs\":{\"n\":{\"anyOf\":[{\"type\":\"null\"},{\"type\":\"array\","
+                            "\"items\":{\"$ref\":\"#/$defs/n\"},\"minItems\":1,\"maxItems\":1}]}},"
+                            "\"$ref\":\"#/$defs/n\"}");
+    full(g, "[[[null]]]");
+    refused(g, "[]");
+    dol_grammar_release(g);
+    g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"additionalProperties\":false}");
+    full(g, "{\"a\":{\"a\":{}}}");
+    dol_grammar_release(g);
+}
+
 /* For every token: its mask bit against accepting it on a fresh matcher
  * that has read `pre`. */
 static void check_masks(const char *model, dol_grammar *g, const char *const *prefixes, int n)
@@ -259,15 +288,97 @@ static void test_masks_schema(void **state)
     dol_grammar_release(g);
 }
 
+/* The id of the token whose text is `piece` (or its byte token). */
+static int token_id(const dol_tokenizer *tok, const char *piece, const char *byte)
+{
+    int id = dol_tokenizer_piece_to_id(tok, piece);
+    if (id < 0 || id == dol_tokenizer_piece_to_id(tok, "<unk>"))
+        id = dol_tokenizer_piece_to_id(tok, byte);
+    assert_true(id >= 0);
+    return id;
+}
+
+/* Near the depth bound a recursive schema whose shallowest value needs
+ * several levels (here [[[null]]]) only lets values open that can close in
+ * time: opening '[' greedily stops short of the bound, and from there the
+ * mask is never empty and leads to a complete value (EOS allowed). */
+static void test_depth_bound_keeps_a_completion(void **state)
+{
+    (void)state;
+    dol_grammar *g = schema(
+        "{\"$defs\":{\"n\":{\"anyOf\":[{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"},"
+        "\"minItems\":1,\"maxItems\":1},{\"type\":\"array\",\"minItems\":1,\"maxItems\":1,"
+        "\"items\":{\"type\":\"array\",\"minItems\":1,\"maxItems\":1,\"items\":{\"type\":\"array\","
+        "\"minItems\":1,\"maxItems\":1,\"items\":{\"type\":\"null\"}}}}]}},\"$ref\":\"#/$defs/n\"}");
+    char dir[512], path[600], err[256];
+    test_fixture_model(dir, sizeof dir, "stories260K");
+    snprintf(path, sizeof path, "%s/tokenizer.model", dir);
+    dol_tokenizer *tok = NULL;
+    assert_int_equal(dol_tokenizer_load(path, &tok, err, sizeof err), 0);
+    int vocab = dol_tokenizer_vocab_size(tok), eos = dol_tokenizer_eos_id(tok);
+    int open = token_id(tok, "[", "<0x5B>"), close = token_id(tok, "]", "<0x5D>");
+    dol_grammar_vocab *v = dol_grammar_vocab_new(tok, vocab);
+    assert_non_null(v);
+    uint64_t *mask = calloc((size_t)dol_grammar_mask_words(v), sizeof *mask);
+    assert_non_null(mask);
+#define BIT(id) (mask[(id) >> 6] >> ((id) & 63) & 1)
+    for (int round = 0; round < 2; round++) {   /* the second from the cache */
+        dol_matcher *m = dol_matcher_new(g);
+        int opened = 0, steps = 0;
+        for (;;) {
+            dol_matcher_mask(m, v, mask);
+            if (!BIT(open)) break;
+            assert_true(dol_matcher_accept(m, v, open));
+            opened++;
+        }
+        assert_true(opened >= 500 && opened <= 511);
+        /* close: EOS when allowed, else ']', else the lowest allowed token */
+        for (;; steps++) {
+            assert_true(steps < 4000);
+            dol_matcher_mask(m, v, mask);
+            if (BIT(eos)) break;
+            int pick = BIT(close) ? close : -1;
+            for (int id = 0; id < vocab && pick < 0; id++)
+                if (BIT(id)) pick = id;
+            if (pick < 0) fail_msg("empty mask after %d '[' and %d more tokens", opened, steps);
+            assert_true(dol_matcher_accept(m, v, pick));
+        }
+        assert_true(dol_matcher_complete(m));
+        dol_matcher_free(m);
+    }
+#undef BIT
+    /* bytes: a recursive object stops offering its key where the value
+     * could no longer close; closing every level then completes it */
+    dol_grammar_release(g);
+    g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},"
+               "\"additionalProperties\":false}");
+    dol_matcher *m = dol_matcher_new(g);
+    int levels = 0;
+    while (dol_matcher_accept_bytes(m, "{", 1)) {
+        levels++;
+        if (!dol_matcher_accept_bytes(m, "\"a\":", 4)) break;
+    }
+    assert_true(levels >= 200 && levels < 512);
+    for (int i = 0; i < levels; i++) assert_true(dol_matcher_accept_bytes(m, "}", 1));
+    assert_true(dol_matcher_complete(m));
+    dol_matcher_free(m);
+    free(mask);
+    dol_grammar_vocab_free(v);
+    dol_tokenizer_free(tok);
+    dol_grammar_release(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_object),
         cmocka_unit_test(test_schema_values),
         cmocka_unit_test(test_schema_refused),
+        cmocka_unit_test(test_schema_no_finite_value),
         cmocka_unit_test(test_masks_json_small),
         cmocka_unit_test(test_masks_json_llama),
         cmocka_unit_test(test_masks_schema),
+        cmocka_unit_test(test_depth_bound_keeps_a_completion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
