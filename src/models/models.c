@@ -22,11 +22,15 @@
 
 #define MAX_BACKOFF_S 600.0
 #define NO_ROOM_RETRY_S 1.0
+/* a request woken by its model's load that has not come back for its lease
+ * within this long is forgotten (it keeps the model from being unloaded) */
+#define WOKEN_GRACE_MS 10000.0
 
 typedef struct {
     void (*wake)(void *user);
     void *user;
     double deadline_ms;
+    double woken_ms;             /* > 0: woken by a finished load, not yet back */
 } waiter;
 
 typedef struct {
@@ -98,6 +102,28 @@ static wake_list take_waiters(entry *e)
     e->w = NULL;
     e->n_w = e->cap_w = 0;
     return l;
+}
+
+/* Wake every waiter of e but keep them listed, marked woken (lock held): a
+ * model just loaded for them is not unloaded before they take their leases. */
+static wake_list wake_keep(entry *e, double now)
+{
+    wake_list l = {NULL, 0};
+    if (e->n_w == 0) return l;
+    l.w = malloc((size_t)e->n_w * sizeof *l.w);
+    if (!l.w) return take_waiters(e);   /* no copy: hand them over as before */
+    for (int k = 0; k < e->n_w; k++) {
+        e->w[k].woken_ms = now;
+        l.w[l.n++] = e->w[k];
+    }
+    return l;
+}
+
+/* Drop the waiter `user` of e, if listed (lock held). */
+static void drop_waiter(entry *e, void *user)
+{
+    for (int k = 0; k < e->n_w; k++)
+        if (e->w[k].user == user) e->w[k--] = e->w[--e->n_w];
 }
 
 static void wake_all(wake_list *l)
@@ -397,14 +423,16 @@ static void unload_locked(dol_models *m, int v, const char *why)
     pthread_cond_broadcast(&m->cv);
 }
 
-/* The least recently used loaded entry that may go (no lease, not pinned,
- * not `except`), or -1. Lock held. */
+/* The least recently used loaded entry that may go (no lease, no request
+ * waiting for it, not pinned, not `except`), or -1. Lock held. */
 static int lru_victim(dol_models *m, int except)
 {
     int v = -1;
     for (int j = 0; j < m->n; j++) {
         entry *x = &m->e[j];
-        if (j == except || x->state != DOL_MODEL_LOADED || x->leases > 0 || x->cfg->pinned)
+        /* n_w: requests woken by its load that have not taken their leases yet */
+        if (j == except || x->state != DOL_MODEL_LOADED || x->leases > 0 || x->cfg->pinned ||
+            x->n_w > 0)
             continue;
         if (v < 0 || x->last_used_ms < m->e[v].last_used_ms) v = j;
     }
@@ -564,7 +592,7 @@ static void *load_main(void *arg)
     }
     bool abandoned = e->abandoned;
     e->reserved = false;
-    wake_list wl = take_waiters(e);
+    wake_list wl = loaded ? wake_keep(e, now) : take_waiters(e);
     pthread_cond_broadcast(&m->cv);
     pthread_mutex_unlock(&m->mu);
 
@@ -732,6 +760,7 @@ dol_acquire_result dol_models_acquire(dol_models *m, int idx, void (*wake)(void 
     if (m->draining || atomic_load(&m->stopping)) {
         res = DOL_ACQUIRE_STOPPING;
     } else if (e->state == DOL_MODEL_LOADED) {
+        drop_waiter(e, user);   /* back after the load woke it */
         e->leases++;
         e->last_used_ms = now;
         lease->index = idx;
@@ -741,6 +770,7 @@ dol_acquire_result dol_models_acquire(dol_models *m, int idx, void (*wake)(void 
         lease->context_len = e->context_len;
         res = DOL_ACQUIRE_OK;
     } else if (e->state == DOL_MODEL_FAILED && (now < e->retry_at_ms || e->thread_live)) {
+        drop_waiter(e, user);
         /* the failure's reason while in back-off; after it, a load that
          * timed out may still be finishing */
         snprintf(reason, reason_len, "%s", now < e->retry_at_ms ? e->error
@@ -763,8 +793,9 @@ dol_acquire_result dol_models_acquire(dol_models *m, int idx, void (*wake)(void 
             }
         }
         if (res == DOL_ACQUIRE_WAIT) {
+            drop_waiter(e, user);   /* never listed twice */
             if (e->n_w < e->cap_w) {
-                e->w[e->n_w++] = (waiter){wake, user, deadline_ms};
+                e->w[e->n_w++] = (waiter){wake, user, deadline_ms, 0};
             } else {
                 snprintf(reason, reason_len, "out of memory");
                 *retry_after_s = 1;
@@ -780,8 +811,9 @@ void dol_models_cancel_wait(dol_models *m, int idx, void *user)
 {
     pthread_mutex_lock(&m->mu);
     entry *e = &m->e[idx];
-    for (int k = 0; k < e->n_w; k++)
-        if (e->w[k].user == user) e->w[k--] = e->w[--e->n_w];
+    int before = e->n_w;
+    drop_waiter(e, user);
+    if (e->n_w == 0 && before > 0) pthread_cond_broadcast(&m->cv);   /* it may go now */
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -876,6 +908,13 @@ void dol_models_tick(dol_models *m)
         /* waiters past their own deadline (request_timeout_s) */
         wake_list l = {NULL, 0};
         for (int k = 0; k < e->n_w; k++) {
+            if (e->w[k].woken_ms > 0) {
+                if (now - e->w[k].woken_ms >= WOKEN_GRACE_MS) {
+                    e->w[k--] = e->w[--e->n_w];
+                    if (e->n_w == 0) pthread_cond_broadcast(&m->cv);
+                }
+                continue;
+            }
             if (e->w[k].deadline_ms <= 0 || now < e->w[k].deadline_ms) continue;
             waiter *nw = realloc(l.w, (size_t)(l.n + 1) * sizeof *nw);
             if (!nw) break;

@@ -3,7 +3,8 @@ three entries (stories260K F32, tiny-llama2 F16, stories260K NF4 under
 another name) and a broken one, at most two loaded. Interleaved requests
 give each model's golden output; loads and unloads happen least recently
 used first; a model with a request in flight is never unloaded; concurrent
-first requests share one load; the broken entry gets 503 with the reason
+first requests share one load, and a burst for more models than fit loads
+each once; the broken entry gets 503 with the reason
 while the others serve; memory comes back when a model is unloaded; when
 nothing can be unloaded the request waits, then gets 503 with Retry-After."""
 import json
@@ -426,3 +427,52 @@ memory_budget_bytes: 10MB
         assert states(srv) == {"a": "loaded", "b": "unloaded"}
     finally:
         srv.stop()
+
+
+def test_burst_shares_loads_without_thrash(tmp_path):
+    """Nine requests at once for three models that only fit one at a time
+    (the pinned one takes the other place): each model loads once, every
+    request is served, and no model is unloaded before the requests it was
+    loaded for have run."""
+    cfg = write_config(tmp_path, f"""
+models:
+  - name: s32
+    path: "{model_dir('stories260K')}"
+    weights: f32
+    pinned: true
+  - name: t16
+    path: "{model_dir('tiny-llama2')}"
+    weights: f16
+  - name: tnf4
+    path: "{model_dir('tiny-llama2')}"
+    weights: nf4
+  - name: s8
+    path: "{model_dir('stories260K')}"
+    weights: int8
+max_loaded_models: 2
+""")
+    srv = Dolphind(None, ["--config", cfg])
+    try:
+        burst = ["s8", "t16", "tnf4"] * 3
+        with ThreadPoolExecutor(len(burst)) as ex:
+            rs = list(ex.map(lambda m: srv.complete({"model": m, "prompt": "Once",
+                                                     "max_tokens": 4}), burst))
+        assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200]
+        c = counters(srv)
+        for m in ("s8", "t16", "tnf4"):
+            assert c[m][0] == 1, (m, c)
+        assert c["s32"] == (1, 0), c
+        text = requests.get(srv.url + "/metrics", timeout=30).text
+        for m in ("s8", "t16", "tnf4"):
+            assert f'dolphin_model_loads_total{{model="{m}"}} 1' in text
+        # no model is unloaded before the three requests it was loaded for ran
+        served = {m: 0 for m in ("s8", "t16", "tnf4")}
+        for line in srv.log().splitlines():
+            for m in served:
+                if f"route=/v1/completions model={m} status=200" in line:
+                    served[m] += 1
+                if f"event=model_unloaded model={m} " in line:
+                    assert served[m] == 3, (m, served, line)
+    finally:
+        srv.stop()
+
