@@ -306,13 +306,15 @@ static int check_vocab(const char *dir, const dol_model *mdl, const dol_tokenize
     return -1;
 }
 
-/* Load entry me into o (nothing held on failure). 0, or -1 with err
- * (*config_error: a setting is at fault). No lock held. */
-static int load_objects(dol_models *m, const dol_model_entry *me, objects *o, char *err,
-                        size_t errlen, bool *config_error)
+/* What can be checked before room is made, cheaply: the checkpoint opened
+ * and validated (config.json, the safetensors headers; memory-mapped only),
+ * the context settings, the tokenizer. A broken entry thus never unloads
+ * another model. Fills o->model and o->tok (nothing held on failure). 0, or
+ * -1 with err (*config_error: a setting is at fault). No lock held. */
+static int open_checkpoint(dol_models *m, const dol_model_entry *me, objects *o, char *err,
+                           size_t errlen, bool *config_error)
 {
     const dol_config *cfg = m->cfg;
-    double t0 = dol_now_ms();
     memset(o, 0, sizeof *o);
     if (dol_model_load(me->path, &o->model, err, errlen) != 0) goto fail;
     snprintf(o->model->name, sizeof o->model->name, "%s", me->name);
@@ -324,7 +326,20 @@ static int load_objects(dol_models *m, const dol_model_entry *me, objects *o, ch
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.model", me->path);
     if (dol_tokenizer_load(tok_path, &o->tok, err, errlen) != 0) goto fail;
     if (check_vocab(me->path, o->model, o->tok, err, errlen) != 0) goto fail;
+    return 0;
+fail:
+    objects_free(o);
+    return -1;
+}
 
+/* Finish loading entry me into o, opened by open_checkpoint: engine,
+ * scheduler, warm-up (nothing held on failure). 0, or -1 with err
+ * (*config_error: a setting is at fault). No lock held. */
+static int load_objects(dol_models *m, const dol_model_entry *me, objects *o, char *err,
+                        size_t errlen, bool *config_error)
+{
+    const dol_config *cfg = m->cfg;
+    double t0 = dol_now_ms();
     dol_engine_params ep = {0};
     ep.n_threads = m->threads;
     ep.kv_block_size = cfg->kv_block_size;
@@ -541,10 +556,16 @@ static void *load_main(void *arg)
     bool config_error = false;
     objects o = {0};
 
-    pthread_mutex_lock(&m->mu);
-    int room = make_room(m, la.i, err, sizeof err);
-    pthread_mutex_unlock(&m->mu);
-    int rc = room == 0 ? load_objects(m, e->cfg, &o, err, sizeof err, &config_error) : -1;
+    /* a broken entry fails here, before anything is unloaded for it */
+    int room = 0;
+    int rc = open_checkpoint(m, e->cfg, &o, err, sizeof err, &config_error);
+    if (rc == 0) {
+        pthread_mutex_lock(&m->mu);
+        room = make_room(m, la.i, err, sizeof err);
+        pthread_mutex_unlock(&m->mu);
+        if (room != 0) objects_free(&o);
+        rc = room == 0 ? load_objects(m, e->cfg, &o, err, sizeof err, &config_error) : -1;
+    }
 
     pthread_mutex_lock(&m->mu);
     double now = dol_now_ms();

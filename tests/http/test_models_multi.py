@@ -476,3 +476,32 @@ max_loaded_models: 2
     finally:
         srv.stop()
 
+
+def test_broken_entry_evicts_nothing(tmp_path):
+    """With max_loaded_models reached by an idle healthy model, a request for
+    an entry that is no model gets 503 with the reason, and the healthy
+    model stays loaded (its unload counter does not move)."""
+    broken = tmp_path / "not-a-model"
+    broken.mkdir()
+    (broken / "README").write_text("no config.json here\n")
+    cfg = write_config(tmp_path, f"""
+models:
+  - name: good
+    path: "{model_dir('stories260K')}"
+  - name: broken
+    path: "{broken}"
+max_loaded_models: 1
+""")
+    srv = Dolphind(None, ["--config", cfg])
+    try:
+        assert complete(srv, "good", "Once", 2).status_code == 200
+        before = counters(srv)["good"]
+        err = check_error(complete(srv, "broken", "Once", 4), 503, code="model_unavailable")
+        assert "config.json" in err["message"], err
+        assert counters(srv)["good"] == before
+        assert states(srv)["good"] == "loaded"
+        text = requests.get(srv.url + "/metrics", timeout=30).text
+        assert 'dolphin_model_unloads_total{model="good"} 0' in text
+        assert complete(srv, "good", "Once", 2).status_code == 200
+    finally:
+        srv.stop()
