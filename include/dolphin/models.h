@@ -125,9 +125,16 @@ void dol_models_info(dol_models *m, int idx, dol_model_info *out);
 /* Called every ~100 ms by the main thread: loads past load_timeout_s fail,
  * waiters past their deadline are woken. */
 void dol_models_tick(dol_models *m);
-/* SIGTERM: every scheduler stops admitting (in-flight work goes on), no new
- * load starts, waiters are woken (and then get STOPPING). */
+/* SIGTERM: no new load starts and new acquires get STOPPING; in-flight work
+ * goes on. Requests already waiting for a model's load keep waiting: the
+ * load goes on and they are served (their model's scheduler keeps
+ * admitting them); every other scheduler stops admitting. At
+ * dol_models_stop the waiters left are woken (then STOPPING), and a load
+ * it ends is not counted as a failure. */
 void dol_models_drain(dol_models *m);
+/* Requests waiting for a model's load (the drain waits for them as for
+ * in-flight work). Any thread. */
+int dol_models_waiting(dol_models *m);
 /* Shutdown, step 1: wait for load threads, then stop and free every
  * scheduler (what is left ends with 503). Leases may still be held. */
 void dol_models_stop(dol_models *m);

@@ -117,7 +117,9 @@ static int pick(dol_http_req *c, dol_models *m, dol_api_error *e)
 int dol_http_model_acquire(dol_http_req *c, dol_http_attached *a, dol_api_error *e)
 {
     memset(a, 0, sizeof *a);
-    if (dol_http_not_ready(c, e)) return -1;
+    /* a request that waited for a load goes on through a drain: the
+     * registry decides (docs/configuration.md, "Several models") */
+    if (!c->model_wait && dol_http_not_ready(c, e)) return -1;
     dol_models *m = dol_http_models_of(c->srv);
     if (!m) {
         dol_api_error_set(e, 503, "service_unavailable", NULL, "model_loading",

@@ -126,6 +126,14 @@ static void drop_waiter(entry *e, void *user)
         if (e->w[k].user == user) e->w[k--] = e->w[--e->n_w];
 }
 
+/* Whether `user` waits for e (lock held). */
+static bool has_waiter(const entry *e, void *user)
+{
+    for (int k = 0; k < e->n_w; k++)
+        if (e->w[k].user == user) return true;
+    return false;
+}
+
 static void wake_all(wake_list *l)
 {
     for (int i = 0; i < l->n; i++) l->w[i].wake(l->w[i].user);
@@ -462,7 +470,8 @@ static int make_room(dol_models *m, int i, char *err, size_t errlen)
     entry *e = &m->e[i];
     size_t need = estimate_bytes(e);
     for (;;) {
-        if (atomic_load(&m->stopping) || m->draining) {
+        /* a drain lets the load go on: its requests were accepted before */
+        if (atomic_load(&m->stopping)) {
             dol_set_err(err, errlen, "the server is stopping");
             return -1;
         }
@@ -570,7 +579,7 @@ static void *load_main(void *arg)
     pthread_mutex_lock(&m->mu);
     double now = dol_now_ms();
     objects discard = {0};
-    bool loaded = false;
+    bool loaded = false, stopped = false;
     if (rc == 0 && !e->abandoned && !atomic_load(&m->stopping)) {
         e->o = o;
         e->state = DOL_MODEL_LOADED;
@@ -595,6 +604,11 @@ static void *load_main(void *arg)
         e->last_load_s = (now - e->load_started_ms) / 1000.0;
         e->load_seconds_total += e->last_load_s;
         loaded = true;
+    } else if (atomic_load(&m->stopping) && !e->abandoned) {
+        /* ended by the stop (past the drain): not the model's failure */
+        if (rc == 0) discard = o;
+        e->state = DOL_MODEL_UNLOADED;
+        stopped = true;
     } else {
         if (rc == 0) discard = o;
         if (!e->abandoned) {
@@ -619,7 +633,10 @@ static void *load_main(void *arg)
 
     wake_all(&wl);
     if (discard.model) objects_free(&discard);
-    if (!loaded && !abandoned)
+    if (stopped)
+        dol_log(DOL_LOG_INFO, "model_load_stopped", "model=%s msg=\"the server stopped before "
+                "the load finished\"", e->cfg->name);
+    else if (!loaded && !abandoned)
         dol_log(DOL_LOG_ERROR, "model_load_failed", "model=%s retry_in_s=%.1f error=\"%s\"",
                 e->cfg->name, (e->retry_at_ms - now) / 1000.0, err);
 
@@ -778,7 +795,11 @@ dol_acquire_result dol_models_acquire(dol_models *m, int idx, void (*wake)(void 
     pthread_mutex_lock(&m->mu);
     entry *e = &m->e[idx];
     double now = dol_now_ms();
-    if (m->draining || atomic_load(&m->stopping)) {
+    if (atomic_load(&m->stopping) ||
+        (m->draining && !(has_waiter(e, user) && (e->state == DOL_MODEL_LOADED ||
+                                                  e->state == DOL_MODEL_LOADING)))) {
+        /* a drain lets the requests that waited for a load have it */
+        drop_waiter(e, user);
         res = DOL_ACQUIRE_STOPPING;
     } else if (e->state == DOL_MODEL_LOADED) {
         drop_waiter(e, user);   /* back after the load woke it */
@@ -954,13 +975,28 @@ void dol_models_drain(dol_models *m)
     wake_list due[DOL_MAX_MODELS];
     pthread_mutex_lock(&m->mu);
     m->draining = true;
+    bool stopping = atomic_load(&m->stopping);
     for (int i = 0; i < m->n; i++) {
-        if (m->e[i].o.sched) dol_scheduler_drain(m->e[i].o.sched);
-        due[i] = take_waiters(&m->e[i]);
+        entry *e = &m->e[i];
+        /* requests waiting for a load were accepted: they keep waiting (and
+         * their model takes them) until the stop */
+        bool keep = !stopping && e->n_w > 0 &&
+                    (e->state == DOL_MODEL_LOADING || e->state == DOL_MODEL_LOADED);
+        if (e->o.sched && !keep) dol_scheduler_drain(e->o.sched);
+        due[i] = keep ? (wake_list){NULL, 0} : take_waiters(e);
     }
     pthread_cond_broadcast(&m->cv);
     pthread_mutex_unlock(&m->mu);
     for (int i = 0; i < m->n; i++) wake_all(&due[i]);
+}
+
+int dol_models_waiting(dol_models *m)
+{
+    int n = 0;
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < m->n; i++) n += m->e[i].n_w;
+    pthread_mutex_unlock(&m->mu);
+    return n;
 }
 
 void dol_models_stop(dol_models *m)

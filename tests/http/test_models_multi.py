@@ -505,3 +505,46 @@ max_loaded_models: 1
         assert complete(srv, "good", "Once", 2).status_code == 200
     finally:
         srv.stop()
+
+
+def test_drain_serves_requests_waiting_for_a_load(tmp_path):
+    """SIGTERM while a request waits for its model's load (for room: the
+    other model runs a stream): the stream ends, the load goes on, the
+    waiting request is served (it was accepted before the signal), and the
+    load is no failure; dolphind exits 0."""
+    import signal
+    cfg = write_config(tmp_path, f"""
+models:
+  - name: a
+    path: "{model_dir('tiny-llama2')}"
+  - name: b
+    path: "{model_dir('stories260K')}"
+    weights: nf4
+max_loaded_models: 1
+drain_timeout_s: 120
+""")
+    srv = Dolphind(None, ["--config", cfg])
+    out = {}
+    try:
+        body = {"model": "a", "prompt": "Once", "max_tokens": 400, "n": 4, "ignore_eos": True,
+                "stream": True}
+        with requests.post(srv.url + "/v1/completions", json=body, stream=True,
+                           timeout=120) as long:
+            assert long.status_code == 200
+            t = threading.Thread(target=lambda: out.update(b=complete(srv, "b", "Once", 4)))
+            t.start()
+            deadline = time.monotonic() + 30
+            while models(srv)["b"]["dolphin"]["state"] != "loading":
+                assert time.monotonic() < deadline, "b never started loading"
+                time.sleep(0.01)
+            srv.proc.send_signal(signal.SIGTERM)
+            events, done = parse_sse(long)
+            assert done
+        t.join(120)
+        assert out["b"].status_code == 200, (out["b"].text, srv.log()[-3000:])
+        assert srv.proc.wait(timeout=60) == 0
+        log = srv.log()
+        assert "event=model_load_failed" not in log, log
+        assert "event=model_loaded" in log and "model=b" in log
+    finally:
+        srv.stop()
