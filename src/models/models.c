@@ -55,6 +55,7 @@ typedef struct {
     bool thread_live;            /* a load thread runs for this entry */
     bool abandoned;              /* past load_timeout_s: it discards what it loads */
     bool reserved;               /* loading, past make_room: counts as loaded */
+    bool making_room;            /* in make_room, which ends itself at the deadline */
     double load_started_ms, load_deadline_ms;
     int failures;                /* in a row */
     double retry_at_ms;
@@ -570,7 +571,9 @@ static void *load_main(void *arg)
     int rc = open_checkpoint(m, e->cfg, &o, err, sizeof err, &config_error);
     if (rc == 0) {
         pthread_mutex_lock(&m->mu);
+        e->making_room = true;
         room = make_room(m, la.i, err, sizeof err);
+        e->making_room = false;
         pthread_mutex_unlock(&m->mu);
         if (room != 0) objects_free(&o);
         rc = room == 0 ? load_objects(m, e->cfg, &o, err, sizeof err, &config_error) : -1;
@@ -933,7 +936,9 @@ void dol_models_tick(dol_models *m)
     pthread_mutex_lock(&m->mu);
     for (int i = 0; i < m->n; i++) {
         entry *e = &m->e[i];
-        if (e->state == DOL_MODEL_LOADING && !e->abandoned && now >= e->load_deadline_ms) {
+        /* (a load waiting for room fails itself at the deadline, saying why) */
+        if (e->state == DOL_MODEL_LOADING && !e->abandoned && !e->making_room &&
+            now >= e->load_deadline_ms) {
             e->abandoned = true;
             e->state = DOL_MODEL_FAILED;
             snprintf(e->error, sizeof e->error, "model '%.200s' did not load within load_timeout_s "

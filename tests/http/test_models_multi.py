@@ -336,11 +336,13 @@ def test_unloading_returns_memory(multi):
     # the weights are converted into memory of their own (17 MB of F16) and
     # the checkpoint's pages dropped once converted, so the file pages do
     # not stay resident, loaded or not ...
-    assert up["RssAnon"] - base["RssAnon"] > 12 * 1024, (base, up)
     assert up["RssFile"] - base["RssFile"] < 4 * 1024, (base, up)
     assert down["RssFile"] - base["RssFile"] < 1024, (base, up, down)
     assert mem_up > mem_base and mem_down == mem_base   # the KV pools ("device" memory)
-    if not sanitized(multi.proc.pid):   # ASan keeps freed heap in quarantine
+    # ASan keeps freed heap in quarantine and hands it out again, so the
+    # heap's growth depends on what was freed before: checked without it
+    if not sanitized(multi.proc.pid):
+        assert up["RssAnon"] - base["RssAnon"] > 12 * 1024, (base, up)
         # ... and the heap: the KV cache (14 MB) and the engine's buffers
         assert up["VmRSS"] - base["VmRSS"] > 12 * 1024, (base, up)
         # (thread stacks and malloc arenas vary by a few MB from one cycle to the next)
