@@ -528,7 +528,7 @@ drain_timeout_s: 120
     srv = Dolphind(None, ["--config", cfg])
     out = {}
     try:
-        body = {"model": "a", "prompt": "Once", "max_tokens": 150, "n": 4, "ignore_eos": True,
+        body = {"model": "a", "prompt": "Once", "max_tokens": 400, "n": 4, "ignore_eos": True,
                 "stream": True}
         with requests.post(srv.url + "/v1/completions", json=body, stream=True,
                            timeout=120) as long:
