@@ -288,18 +288,6 @@ static void test_dequant_exact(void **state)
 
 /* ---- stories260K: the CUDA backend against the CPU backend, both quantized -- */
 
-/* Logits of every position of ids[0..n) in one call. */
-static void echo(dol_engine *e, const int32_t *ids, int n, float *logits)
-{
-    char err[DOL_ERR_LEN];
-    int seq = dol_engine_seq_new(e);
-    assert_true(seq >= 0);
-    assert_int_equal(dol_engine_seq_reserve(e, seq, n), 0);
-    dol_batch_item it = { seq, n, ids, 0, n, logits };
-    if (dol_engine_forward(e, &it, 1, err, sizeof err) != 0) fail_msg("%s", err);
-    dol_engine_seq_free(e, seq);
-}
-
 static dol_engine *open_engine(const dol_model *m, dol_backend_kind backend, bool quantize_lm_head)
 {
     dol_engine_params p = { .backend = backend, .gpu_memory_utilization = 0.90, .n_threads = 2,
@@ -379,8 +367,8 @@ static void stories_case(const dol_model *m, const cJSON *golden, bool quantize_
     /* teacher-forced: every position's logits in one call (more rows than
      * gemv_upto: every product through the dequantized tiles) */
     float *ec = malloc(sizeof(float) * (size_t)n_longest * V), *eg = malloc(sizeof(float) * (size_t)n_longest * V);
-    echo(cpu, longest, n_longest, ec);
-    echo(gpu, longest, n_longest, eg);
+    test_forward_all(cpu, longest, n_longest, ec);
+    test_forward_all(gpu, longest, n_longest, eg);
     const double ed = fixture_max_abs_diff(ec, eg, (size_t)n_longest * V);
     printf("stories260K %s lm_head %s: %d teacher-forced positions within %.4f\n", S->name, head,
            n_longest, ed);

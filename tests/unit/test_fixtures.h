@@ -1,8 +1,9 @@
 /* tests/unit/test_fixtures.h — where the unit tests find the shared test
  * models ($DOLPHIN_SHARED, else ../shared beside the checkout), and the
  * skip of a cmocka test when they are absent (a clone on its own), on top of
- * tests/fixtures.h; and greedy decoding through an engine, as the golden
- * comparisons of the unit and CUDA tests run it. Include after <cmocka.h>. */
+ * tests/fixtures.h; and greedy decoding and teacher-forced logits through an
+ * engine, as the golden comparisons of the unit and CUDA tests run them.
+ * Include after <cmocka.h>. */
 #ifndef DOLPHIN_TEST_FIXTURES_H
 #define DOLPHIN_TEST_FIXTURES_H
 
@@ -60,6 +61,19 @@ static inline int test_greedy(dol_engine *e, const int32_t *prompt, int np, int 
     dol_engine_seq_free(e, seq);
     free(logits);
     return n;
+}
+
+/* The logits of every position of ids[0..n) ([n][vocab] into logits), in one
+ * call on a fresh sequence. */
+static inline void test_forward_all(dol_engine *e, const int32_t *ids, int n, float *logits)
+{
+    char err[DOL_ERR_LEN];
+    int seq = dol_engine_seq_new(e);
+    assert_true(seq >= 0);
+    assert_int_equal(dol_engine_seq_reserve(e, seq, n), 0);
+    dol_batch_item it = { seq, n, ids, 0, n, logits };
+    if (dol_engine_forward(e, &it, 1, err, sizeof err) != 0) fail_msg("%s", err);
+    dol_engine_seq_free(e, seq);
 }
 
 #endif

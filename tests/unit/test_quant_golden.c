@@ -178,13 +178,7 @@ static double nll_sum(dol_engine *e, const int32_t *prompt, int np, const int32_
     memcpy(ids, prompt, sizeof(int32_t) * (size_t)np);
     memcpy(ids + np, cont, sizeof(int32_t) * (size_t)nc);
     float *logits = malloc(sizeof(float) * (size_t)V * (size_t)n);
-    char err[DOL_ERR_LEN];
-    int seq = dol_engine_seq_new(e);
-    assert_true(seq >= 0);
-    assert_int_equal(dol_engine_seq_reserve(e, seq, n), 0);
-    dol_batch_item it = { seq, n, ids, 0, n, logits };
-    if (dol_engine_forward(e, &it, 1, err, sizeof err) != 0) fail_msg("%s", err);
-    dol_engine_seq_free(e, seq);
+    test_forward_all(e, ids, n, logits);
     double s = 0.0;
     for (int i = np - 1; i < n - 1; i++) {
         const float *l = logits + (size_t)i * V;
