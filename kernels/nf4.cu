@@ -113,8 +113,7 @@ dol_nf4_gemv_kernel(float *__restrict__ out, const __half *__restrict__ x,
             for (int t = 0; t < T; t++) {
                 const __half *xt = x + (size_t)t * (size_t)K + k_lo + 4 * i;
                 float xl[4], xh[4];
-                dol_quant_load_x4(xl, xt);
-                dol_quant_load_x4(xh, xt + 32);
+                dol_quant_load_x4x2(xl, xh, xt, 32);
 #pragma unroll
                 for (int r = 0; r < DOL_QUANT_ROWS; r++)
 #pragma unroll

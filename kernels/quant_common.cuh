@@ -91,6 +91,29 @@ __device__ __forceinline__ void dol_quant_load_x4(float (&xv)[4], const __half *
     xv[3] = b.y;
 }
 
+/* xa[j] = float(p[j]) and xb[j] = float(p[off + j]), j = 0..3; both
+ * 8-byte aligned, both loads issued before the conversions. */
+__device__ __forceinline__ void dol_quant_load_x4x2(float (&xa)[4], float (&xb)[4],
+                                                    const __half *p, int off)
+{
+    union {
+        uint2 u;
+        __half2 h[2];
+    } ua, ub;
+    ua.u = __ldg(reinterpret_cast<const uint2 *>(p));
+    ub.u = __ldg(reinterpret_cast<const uint2 *>(p + off));
+    const float2 a01 = __half22float2(ua.h[0]), a23 = __half22float2(ua.h[1]);
+    const float2 b01 = __half22float2(ub.h[0]), b23 = __half22float2(ub.h[1]);
+    xa[0] = a01.x;
+    xa[1] = a01.y;
+    xa[2] = a23.x;
+    xa[3] = a23.y;
+    xb[0] = b01.x;
+    xb[1] = b01.y;
+    xb[2] = b23.x;
+    xb[3] = b23.y;
+}
+
 /* Reduce acc (per thread, DOL_QUANT_ROWS x T) over the block and write out
  * rows n0 .. n0 + DOL_QUANT_ROWS - 1 (those < N). Every thread must call it. */
 template <int T>
