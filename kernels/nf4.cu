@@ -11,7 +11,7 @@
  * packed weights, each byte read once from global memory and decoded in
  * registers through a 16-entry table of the levels in shared memory (16
  * floats in 16 distinct banks, so any pattern of codes is conflict-free).
- * A thread block owns NF4_ROWS rows of W and splits K among its threads in
+ * A thread block owns DOL_QUANT_ROWS rows of W and splits K among its threads in
  * 16-byte chunks (32 weights: 16 low nibbles and the 16 high nibbles 32
  * further). Per chunk and token row it sums x * level in FP32 and multiplies
  * the block's scale in once: acc += scale * sum(x * level). The partial sums
@@ -25,15 +25,12 @@
  * accumulation and output), tile after tile on the same stream. */
 #include <cublas_v2.h>
 
-#include "kernels/cuda_common.cuh"
+#include "kernels/quant_common.cuh"
 
 /* The 16 NF4 levels: the one table of src/engine/nf4.c, passed to the kernels
  * by value (64 bytes of kernel parameters). */
 extern "C" const float dol_nf4_levels[16];
 
-#define NF4_THREADS 128 /* threads per block of the decode kernels (4 warps) */
-#define NF4_WARPS (NF4_THREADS / 32)
-#define NF4_ROWS 4      /* rows of W per block of the decode kernels */
 #define NF4_BLOCK DOL_CUDA_NF4_BLOCK
 
 struct nf4_levels {
@@ -66,85 +63,44 @@ __device__ __forceinline__ float nf4_level(const float *lut, uint32_t offs, int 
     return *reinterpret_cast<const float *>(reinterpret_cast<const char *>(lut) + off);
 }
 
-/* Reduce acc (per thread, NF4_ROWS x T) over the block and write out rows
- * n0 .. n0 + NF4_ROWS - 1 (those < N). Every thread must call it. */
-template <int T>
-__device__ __forceinline__ void nf4_store(const float (&acc)[NF4_ROWS][T],
-                                          float (*part)[NF4_ROWS * T], float *out, int n0, int N)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int r = 0; r < NF4_ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-            const float v = dol_warp_sum(acc[r][t]);
-            if (lane == 0) part[warp][r * T + t] = v;
-        }
-    __syncthreads();
-    for (int i = threadIdx.x; i < NF4_ROWS * T; i += NF4_THREADS) {
-        const int r = i / T, t = i % T;
-        float s = part[0][i];
-        for (int w = 1; w < NF4_WARPS; w++) s += part[w][i];
-        if (n0 + r < N) out[(size_t)t * N + n0 + r] = s;
-    }
-}
-
 /* Decode kernel, vectorized: K % 64 == 0 (every block full, rows of K/2
  * bytes, a multiple of 32), codes and x 16-byte aligned. Thread i takes the
- * 16-byte chunks c = i, i + NF4_THREADS, ... of each of its NF4_ROWS rows;
+ * 16-byte chunks c = i, i + DOL_QUANT_THREADS, ... of each of its DOL_QUANT_ROWS rows;
  * chunk c is half (c & 1) of block c / 2: its low nibbles are the weights
  * k_lo .. k_lo + 15 with k_lo = 64 * (c / 2) + 16 * (c & 1), its high nibbles
  * the weights k_lo + 32 .. k_lo + 47. */
 template <int T>
-__global__ void __launch_bounds__(NF4_THREADS)
+__global__ void __launch_bounds__(DOL_QUANT_THREADS)
 dol_nf4_gemv_kernel(float *__restrict__ out, const __half *__restrict__ x,
                     const uint8_t *__restrict__ codes, const __half *__restrict__ scales, int N,
                     int K, nf4_levels levels)
 {
     __shared__ float lut[16];
-    __shared__ float part[NF4_WARPS][NF4_ROWS * T];
+    __shared__ float part[DOL_QUANT_WARPS][DOL_QUANT_ROWS * T];
     load_lut(lut, levels);
 
-    const int n0 = blockIdx.x * NF4_ROWS;
+    const int n0 = blockIdx.x * DOL_QUANT_ROWS;
     const int chunks = K / 32, bpr = K / NF4_BLOCK;
     const size_t row_bytes = (size_t)K / 2;
-    float acc[NF4_ROWS][T];
-#pragma unroll
-    for (int r = 0; r < NF4_ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
+    float acc[DOL_QUANT_ROWS][T];
+    dol_quant_zero<T>(acc);
 
-    for (int c = threadIdx.x; c < chunks; c += NF4_THREADS) {
+    for (int c = threadIdx.x; c < chunks; c += DOL_QUANT_THREADS) {
         const int b = c >> 1;
         const int k_lo = b * NF4_BLOCK + (c & 1) * 16;
-        /* the chunk of every row first (all loads in flight), rows past N as
-         * zero scales: they are computed but never stored */
-        uint4 q[NF4_ROWS];
-        float s[NF4_ROWS];
-#pragma unroll
-        for (int r = 0; r < NF4_ROWS; r++) {
-            if (n0 + r < N) {
-                const size_t row = (size_t)(n0 + r);
-                q[r] = __ldg(reinterpret_cast<const uint4 *>(codes + row * row_bytes) + c);
-                s[r] = __half2float(scales[row * (size_t)bpr + (size_t)b]);
-            } else {
-                q[r] = make_uint4(0u, 0u, 0u, 0u);
-                s[r] = 0.0f;
-            }
-        }
-        float sum[NF4_ROWS][T];
-#pragma unroll
-        for (int r = 0; r < NF4_ROWS; r++)
-#pragma unroll
-            for (int t = 0; t < T; t++) sum[r][t] = 0.0f;
+        uint4 q[DOL_QUANT_ROWS];
+        float s[DOL_QUANT_ROWS];
+        dol_quant_load_chunk(q, s, codes, row_bytes, scales, bpr, n0, N, c, b);
+        float sum[DOL_QUANT_ROWS][T];
+        dol_quant_zero<T>(sum);
         /* word i of the chunk: bytes 4i .. 4i+3 = weights k_lo+4i+j (low
          * nibbles) and k_lo+32+4i+j (high nibbles), j = 0..3 */
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            float wl[NF4_ROWS][4], wh[NF4_ROWS][4];
+            float wl[DOL_QUANT_ROWS][4], wh[DOL_QUANT_ROWS][4];
 #pragma unroll
-            for (int r = 0; r < NF4_ROWS; r++) {
-                const uint32_t w = i == 0 ? q[r].x : i == 1 ? q[r].y : i == 2 ? q[r].z : q[r].w;
+            for (int r = 0; r < DOL_QUANT_ROWS; r++) {
+                const uint32_t w = dol_quant_word(q[r], i);
                 const uint32_t lo = (w << 2) & 0x3C3C3C3Cu; /* code * 4 of each low nibble */
                 const uint32_t hi = (w >> 2) & 0x3C3C3C3Cu; /* ... of each high nibble */
 #pragma unroll
@@ -156,18 +112,10 @@ dol_nf4_gemv_kernel(float *__restrict__ out, const __half *__restrict__ x,
 #pragma unroll
             for (int t = 0; t < T; t++) {
                 const __half *xt = x + (size_t)t * (size_t)K + k_lo + 4 * i;
-                union {
-                    uint2 u;
-                    __half2 h[2];
-                } ul, uh;
-                ul.u = __ldg(reinterpret_cast<const uint2 *>(xt));
-                uh.u = __ldg(reinterpret_cast<const uint2 *>(xt + 32));
-                const float2 l01 = __half22float2(ul.h[0]), l23 = __half22float2(ul.h[1]);
-                const float2 h01 = __half22float2(uh.h[0]), h23 = __half22float2(uh.h[1]);
-                const float xl[4] = { l01.x, l01.y, l23.x, l23.y };
-                const float xh[4] = { h01.x, h01.y, h23.x, h23.y };
+                float xl[4], xh[4];
+                dol_quant_load_x4x2(xl, xh, xt, 32);
 #pragma unroll
-                for (int r = 0; r < NF4_ROWS; r++)
+                for (int r = 0; r < DOL_QUANT_ROWS; r++)
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
                         sum[r][t] = fmaf(xl[j], wl[r][j], sum[r][t]);
@@ -175,41 +123,35 @@ dol_nf4_gemv_kernel(float *__restrict__ out, const __half *__restrict__ x,
                     }
             }
         }
-#pragma unroll
-        for (int r = 0; r < NF4_ROWS; r++)
-#pragma unroll
-            for (int t = 0; t < T; t++) acc[r][t] = fmaf(s[r], sum[r][t], acc[r][t]);
+        dol_quant_scale_add<T>(acc, s, sum);
     }
-    nf4_store<T>(acc, part, out, n0, N);
+    dol_quant_store<T>(acc, part, out, n0, N);
 }
 
 /* Decode kernel, any shape (K even; a short last block; no alignment
- * assumed): thread i takes the blocks b = i, i + NF4_THREADS, ... of each row,
+ * assumed): thread i takes the blocks b = i, i + DOL_QUANT_THREADS, ... of each row,
  * byte by byte. Used when K % 64 != 0 (e.g. stories260K's 172). */
 template <int T>
-__global__ void __launch_bounds__(NF4_THREADS)
+__global__ void __launch_bounds__(DOL_QUANT_THREADS)
 dol_nf4_gemv_any_kernel(float *__restrict__ out, const __half *__restrict__ x,
                         const uint8_t *__restrict__ codes, const __half *__restrict__ scales,
                         int N, int K, nf4_levels levels)
 {
     __shared__ float lut[16];
-    __shared__ float part[NF4_WARPS][NF4_ROWS * T];
+    __shared__ float part[DOL_QUANT_WARPS][DOL_QUANT_ROWS * T];
     load_lut(lut, levels);
 
-    const int n0 = blockIdx.x * NF4_ROWS;
+    const int n0 = blockIdx.x * DOL_QUANT_ROWS;
     const int bpr = (K + NF4_BLOCK - 1) / NF4_BLOCK;
     const size_t row_bytes = (size_t)K / 2;
-    float acc[NF4_ROWS][T];
-#pragma unroll
-    for (int r = 0; r < NF4_ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
+    float acc[DOL_QUANT_ROWS][T];
+    dol_quant_zero<T>(acc);
 
-    for (int b = threadIdx.x; b < bpr; b += NF4_THREADS) {
+    for (int b = threadIdx.x; b < bpr; b += DOL_QUANT_THREADS) {
         const int k0 = b * NF4_BLOCK;
         const int half = (K - k0 < NF4_BLOCK ? K - k0 : NF4_BLOCK) / 2;
 #pragma unroll
-        for (int r = 0; r < NF4_ROWS; r++) {
+        for (int r = 0; r < DOL_QUANT_ROWS; r++) {
             if (n0 + r >= N) continue;
             const size_t row = (size_t)(n0 + r);
             const uint8_t *q = codes + row * row_bytes + (size_t)k0 / 2;
@@ -231,7 +173,7 @@ dol_nf4_gemv_any_kernel(float *__restrict__ out, const __half *__restrict__ x,
             for (int t = 0; t < T; t++) acc[r][t] = fmaf(s, sum[t], acc[r][t]);
         }
     }
-    nf4_store<T>(acc, part, out, n0, N);
+    dol_quant_store<T>(acc, part, out, n0, N);
 }
 
 /* w[r][k] = fp16(level(code) * scale) for rows row0 .. row0 + rows - 1 of W
@@ -267,13 +209,13 @@ template <int T>
 static cudaError_t launch_gemv(float *out, const __half *x, const dol_cuda_nf4 *W, bool vec,
                                cudaStream_t stream)
 {
-    const unsigned blocks = dol_div_up((size_t)W->rows, NF4_ROWS);
+    const unsigned blocks = dol_div_up((size_t)W->rows, DOL_QUANT_ROWS);
     const __half *sc = reinterpret_cast<const __half *>(W->scales);
     if (vec)
-        dol_nf4_gemv_kernel<T><<<blocks, NF4_THREADS, 0, stream>>>(out, x, W->codes, sc, W->rows,
+        dol_nf4_gemv_kernel<T><<<blocks, DOL_QUANT_THREADS, 0, stream>>>(out, x, W->codes, sc, W->rows,
                                                                     W->cols, host_levels());
     else
-        dol_nf4_gemv_any_kernel<T><<<blocks, NF4_THREADS, 0, stream>>>(
+        dol_nf4_gemv_any_kernel<T><<<blocks, DOL_QUANT_THREADS, 0, stream>>>(
             out, x, W->codes, sc, W->rows, W->cols, host_levels());
     return cudaGetLastError();
 }
@@ -287,16 +229,9 @@ extern "C" cudaError_t dol_cuda_nf4_gemv(float *out, const dol_f16 *x, int T,
     const __half *xh = reinterpret_cast<const __half *>(x);
     const bool vec = W->cols % NF4_BLOCK == 0 && ((uintptr_t)W->codes & 15u) == 0 &&
                      ((uintptr_t)x & 15u) == 0;
-    switch (T) {
-    case 1: return launch_gemv<1>(out, xh, W, vec, stream);
-    case 2: return launch_gemv<2>(out, xh, W, vec, stream);
-    case 3: return launch_gemv<3>(out, xh, W, vec, stream);
-    case 4: return launch_gemv<4>(out, xh, W, vec, stream);
-    case 5: return launch_gemv<5>(out, xh, W, vec, stream);
-    case 6: return launch_gemv<6>(out, xh, W, vec, stream);
-    case 7: return launch_gemv<7>(out, xh, W, vec, stream);
-    default: return launch_gemv<8>(out, xh, W, vec, stream);
-    }
+    return dol_quant_by_rows(T, [&](auto rows) {
+        return launch_gemv<decltype(rows)::value>(out, xh, W, vec, stream);
+    });
 }
 
 extern "C" cudaError_t dol_cuda_nf4_dequant(dol_f16 *w, const dol_cuda_nf4 *W, int row0, int rows,
@@ -306,9 +241,7 @@ extern "C" cudaError_t dol_cuda_nf4_dequant(dol_f16 *w, const dol_cuda_nf4 *W, i
     if (row0 < 0 || row0 + rows > W->rows || W->cols <= 0 || W->cols % 2 != 0)
         return cudaErrorInvalidValue;
     const size_t n = (size_t)rows * (size_t)(W->cols / 2);
-    unsigned blocks = dol_div_up(n, 256);
-    if (blocks > 65535u * 8u) blocks = 65535u * 8u; /* grid-stride loop covers the rest */
-    dol_nf4_dequant_kernel<<<blocks, 256, 0, stream>>>(
+    dol_nf4_dequant_kernel<<<dol_quant_dequant_blocks(n), 256, 0, stream>>>(
         reinterpret_cast<__half *>(w), W->codes, reinterpret_cast<const __half *>(W->scales),
         row0, rows, W->cols, host_levels());
     return cudaGetLastError();
@@ -318,31 +251,7 @@ extern "C" int dol_cuda_nf4_matmul(cublasHandle_t blas, float *out, const dol_f1
                                    const dol_cuda_nf4 *W, dol_f16 *ws, size_t ws_elems,
                                    cudaStream_t stream, char *err, size_t errlen)
 {
-    const int N = W->rows, K = W->cols;
-    if (T <= 0 || N <= 0) return 0;
-    if (T <= DOL_CUDA_NF4_GEMV_UPTO) {
-        for (int t0 = 0; t0 < T; t0 += DOL_CUDA_NF4_GEMV_MAX_T) {
-            const int nt = T - t0 < DOL_CUDA_NF4_GEMV_MAX_T ? T - t0 : DOL_CUDA_NF4_GEMV_MAX_T;
-            CUDA_CHECK(dol_cuda_nf4_gemv(out + (size_t)t0 * N, x + (size_t)t0 * K, nt, W, stream));
-        }
-        return 0;
-    }
-    const size_t tile = ws_elems / (size_t)K; /* rows of W per tile */
-    if (!ws || tile == 0) {
-        dol_set_err(err, errlen, "cuda: nf4 product of %d x %d needs a dequantization workspace of "
-                                 "at least one row", N, K);
-        return -1;
-    }
-    const int step = tile < (size_t)N ? (int)tile : N;
-    const float alpha = 1.0f, beta = 0.0f;
-    for (int n0 = 0; n0 < N; n0 += step) {
-        const int nr = N - n0 < step ? N - n0 : step;
-        CUDA_CHECK(dol_cuda_nf4_dequant(ws, W, n0, nr, stream));
-        /* row-major out[:, n0 .. n0+nr) = x . tile^T, as the column-major
-         * out^T rows n0.. = tile^T(nr x K) . x^T(K x T), ldc = N */
-        CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, nr, T, K, &alpha, ws, CUDA_R_16F,
-                                  K, x, CUDA_R_16F, K, &beta, out + n0, CUDA_R_32F, N,
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    }
-    return 0;
+    return dol_quant_matmul(blas, out, x, T, W, dol_cuda_nf4_gemv, dol_cuda_nf4_dequant,
+                            DOL_CUDA_NF4_GEMV_UPTO, DOL_CUDA_NF4_GEMV_MAX_T, "nf4", ws, ws_elems,
+                            stream, err, errlen);
 }

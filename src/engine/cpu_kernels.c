@@ -601,19 +601,37 @@ static void k_matmul_packed_rows(float *out, const float *x, int T, int K, const
 
 /* ---- matrix product over NF4 weights ------------------------------------ */
 
-/* Sum x[k] * w[k] over blocks b0.. of row `row` in k order, each block
- * dequantized to floats first: the whole product in the portable variant,
- * the short last block of a row in the SIMD ones. */
-static float nf4_dot_blocks(const float *x, const dol_nf4_matrix *W, int64_t row, int64_t b0,
-                            float sum)
+/* The dequantization of block b of row `row` of a block-quantized matrix W
+ * into out; returns the block's length (dol_nf4_dequantize_block, ...). */
+typedef int (*dequant_block_fn)(const void *W, int64_t row, int64_t b, float *out);
+_Static_assert(DOL_NF4_BLOCK <= 64 && DOL_Q8_BLOCK <= 64, "dot_blocks holds a block of <= 64");
+
+/* Sum x[k] * w[k] over blocks b0 .. bpr - 1 (of `block` <= 64 weights) of row
+ * `row` of W in k order, each block dequantized to floats first by deq: the
+ * whole product in the portable variant, the short last block of a row in
+ * the SIMD ones. */
+static inline float dot_blocks(const float *x, const void *W, dequant_block_fn deq, int block,
+                               int64_t bpr, int64_t row, int64_t b0, float sum)
 {
-    float w[DOL_NF4_BLOCK];
-    for (int64_t b = b0; b < W->blocks_per_row; b++) {
-        int n = dol_nf4_dequantize_block(W, row, b, w);
-        const float *xb = x + b * DOL_NF4_BLOCK;
+    float w[64];
+    for (int64_t b = b0; b < bpr; b++) {
+        int n = deq(W, row, b, w);
+        const float *xb = x + b * block;
         for (int j = 0; j < n; j++) sum += xb[j] * w[j];
     }
     return sum;
+}
+
+static int nf4_dequant_block(const void *W, int64_t row, int64_t b, float *out)
+{
+    return dol_nf4_dequantize_block(W, row, b, out);
+}
+
+/* dot_blocks over NF4 weights. */
+static float nf4_dot_blocks(const float *x, const dol_nf4_matrix *W, int64_t row, int64_t b0,
+                            float sum)
+{
+    return dot_blocks(x, W, nf4_dequant_block, DOL_NF4_BLOCK, W->blocks_per_row, row, b0, sum);
 }
 
 #ifdef DOL_SIMD
@@ -743,19 +761,16 @@ static void k_nf4_rows(float *out, const float *x, int T, const dol_nf4_matrix *
 
 /* ---- matrix product over Q8_0 (int8) weights ----------------------------- */
 
-/* Sum x[k] * w[k] over blocks b0.. of row `row` in k order, each block
- * dequantized to floats first (q * d, exact): the whole product in the
- * portable variant, the short last block of a row in the SIMD ones. */
+static int q8_dequant_block(const void *W, int64_t row, int64_t b, float *out)
+{
+    return dol_q8_dequantize_block(W, row, b, out);
+}
+
+/* dot_blocks over Q8_0 weights (q * d, exact). */
 static float q8_dot_blocks(const float *x, const dol_q8_matrix *W, int64_t row, int64_t b0,
                            float sum)
 {
-    float w[DOL_Q8_BLOCK];
-    for (int64_t b = b0; b < W->blocks_per_row; b++) {
-        int n = dol_q8_dequantize_block(W, row, b, w);
-        const float *xb = x + b * DOL_Q8_BLOCK;
-        for (int j = 0; j < n; j++) sum += xb[j] * w[j];
-    }
-    return sum;
+    return dot_blocks(x, W, q8_dequant_block, DOL_Q8_BLOCK, W->blocks_per_row, row, b0, sum);
 }
 
 #ifdef DOL_SIMD

@@ -256,17 +256,28 @@ static int up_f16(uploader *u, dol_f16 *dst, const dol_tensor *t, char *err, siz
     return 0;
 }
 
-/* t ([rows][K], any dtype) quantized to NF4 on the host (nf4.c, on the
- * pool) a slab of rows at a time, straight into a pinned buffer (codes, then
- * the F16 scales at a 16-byte aligned offset), and copied to rows row0.. of
- * the device matrix dst while the next slab is quantized. */
-static int up_nf4(cuda_engine *e, uploader *u, dol_pool *pool, const dol_cuda_nf4 *dst,
-                  int64_t row0, const dol_tensor *t, const char *what, char *err, size_t errlen)
+/* A weight quantization scheme as the upload sees it: the host quantizer
+ * (nf4.c, q8.c) into a weight array and an F16 scale array, and their sizes. */
+typedef struct {
+    int block; /* weights per scale */
+    size_t (*data_bytes)(int64_t rows, int64_t cols);
+    size_t (*scales_bytes)(int64_t rows, int64_t cols);
+    size_t (*bytes)(int64_t rows, int64_t cols);
+    int (*quantize)(dol_pool *pool, const dol_tensor *src, void *data, uint16_t *scales,
+                    const char *what, char *err, size_t errlen);
+} up_scheme;
+
+/* t ([rows][K], any dtype) quantized on the host (on the pool) a slab of
+ * rows at a time, straight into a pinned buffer (the weight array, then the
+ * F16 scales at a 16-byte aligned offset), and copied to rows row0.. of the
+ * device arrays dst_data and dst_scales while the next slab is quantized. */
+static int up_quant(cuda_engine *e, uploader *u, dol_pool *pool, const up_scheme *sc,
+                    void *dst_data, dol_f16 *dst_scales, int64_t row0, const dol_tensor *t,
+                    const char *what, char *err, size_t errlen)
 {
-    const int64_t K = t->cols, bpr = (K + DOL_NF4_BLOCK - 1) / DOL_NF4_BLOCK;
-    const size_t esz = dol_dtype_size(t->dtype);
-    const int64_t slab = (int64_t)((STAGE_BYTES - 16) / ((size_t)K / 2 + (size_t)bpr * sizeof(uint16_t)));
-    if (dol_nf4_check_cols(K, what, err, errlen) != 0) return -1;
+    const int64_t K = t->cols, bpr = (K + sc->block - 1) / sc->block;
+    const size_t esz = dol_dtype_size(t->dtype), row_data = sc->data_bytes(1, K);
+    const int64_t slab = (int64_t)((STAGE_BYTES - 16) / (row_data + (size_t)bpr * sizeof(uint16_t)));
     if (slab < 1) {
         dol_set_err(err, errlen, "cuda: %s: rows of %lld weights are too long", what, (long long)K);
         return -1;
@@ -275,63 +286,61 @@ static int up_nf4(cuda_engine *e, uploader *u, dol_pool *pool, const dol_cuda_nf
         const int64_t nr = t->rows - r0 < slab ? t->rows - r0 : slab;
         uint8_t *h = up_next(u, err, errlen);
         if (!h) return -1;
-        const size_t codes = dol_nf4_codes_bytes(nr, K), scales = dol_nf4_scales_bytes(nr, K);
-        const size_t scales_off = align_up(codes, 16);
+        const size_t data = sc->data_bytes(nr, K), scales = sc->scales_bytes(nr, K);
+        const size_t scales_off = align_up(data, 16);
         dol_tensor part = *t;
         part.rows = nr;
         part.data = (const char *)t->data + (size_t)r0 * (size_t)K * esz;
-        dol_nf4_matrix m = { .codes = h, .scales = (uint16_t *)(void *)(h + scales_off) };
         const double t0 = dol_now_ms();
-        if (dol_nf4_quantize(pool, &part, &m, what, err, errlen) != 0) return -1;
+        if (sc->quantize(pool, &part, h, (uint16_t *)(void *)(h + scales_off), what, err, errlen) != 0)
+            return -1;
         e->qs.quant_seconds += (dol_now_ms() - t0) / 1000.0;
-        if (up_copy(u, (uint8_t *)dst->codes + (size_t)(row0 + r0) * (size_t)(K / 2), 0, codes, err,
+        if (up_copy(u, (uint8_t *)dst_data + (size_t)(row0 + r0) * row_data, 0, data, err, errlen) ||
+            up_copy(u, dst_scales + (size_t)(row0 + r0) * (size_t)bpr, scales_off, scales, err,
                     errlen) ||
-            up_copy(u, (dol_f16 *)dst->scales + (size_t)(row0 + r0) * (size_t)bpr, scales_off, scales,
-                    err, errlen) ||
             up_flip(u, err, errlen))
             return -1;
     }
     e->qs.n_quantized++;
     e->qs.quant_bytes_before += (size_t)(t->rows * K) * esz;
-    e->qs.quant_bytes_after += dol_nf4_bytes(t->rows, K);
+    e->qs.quant_bytes_after += sc->bytes(t->rows, K);
     return 0;
 }
 
-/* t quantized to Q8_0 on the host (q8.c), slab by slab, as up_nf4 does. */
+static int quantize_nf4(dol_pool *pool, const dol_tensor *src, void *data, uint16_t *scales,
+                        const char *what, char *err, size_t errlen)
+{
+    dol_nf4_matrix m = { .codes = data, .scales = scales };
+    return dol_nf4_quantize(pool, src, &m, what, err, errlen);
+}
+
+static int quantize_q8(dol_pool *pool, const dol_tensor *src, void *data, uint16_t *scales,
+                       const char *what, char *err, size_t errlen)
+{
+    dol_q8_matrix m = { .quants = data, .scales = scales };
+    return dol_q8_quantize(pool, src, &m, what, err, errlen);
+}
+
+static const up_scheme UP_NF4 = { DOL_NF4_BLOCK, dol_nf4_codes_bytes, dol_nf4_scales_bytes,
+                                  dol_nf4_bytes, quantize_nf4 };
+static const up_scheme UP_Q8 = { DOL_Q8_BLOCK, dol_q8_quants_bytes, dol_q8_scales_bytes,
+                                 dol_q8_bytes, quantize_q8 };
+
+/* t quantized to NF4 (nf4.c) into rows row0.. of dst. */
+static int up_nf4(cuda_engine *e, uploader *u, dol_pool *pool, const dol_cuda_nf4 *dst,
+                  int64_t row0, const dol_tensor *t, const char *what, char *err, size_t errlen)
+{
+    if (dol_nf4_check_cols(t->cols, what, err, errlen) != 0) return -1;
+    return up_quant(e, u, pool, &UP_NF4, (void *)dst->codes, (dol_f16 *)dst->scales, row0, t, what,
+                    err, errlen);
+}
+
+/* t quantized to Q8_0 (q8.c) into rows row0.. of dst. */
 static int up_q8(cuda_engine *e, uploader *u, dol_pool *pool, const dol_cuda_q8 *dst,
                  int64_t row0, const dol_tensor *t, const char *what, char *err, size_t errlen)
 {
-    const int64_t K = t->cols, bpr = (K + DOL_Q8_BLOCK - 1) / DOL_Q8_BLOCK;
-    const size_t esz = dol_dtype_size(t->dtype);
-    const int64_t slab = (int64_t)((STAGE_BYTES - 16) / ((size_t)K + (size_t)bpr * sizeof(uint16_t)));
-    if (slab < 1) {
-        dol_set_err(err, errlen, "cuda: %s: rows of %lld weights are too long", what, (long long)K);
-        return -1;
-    }
-    for (int64_t r0 = 0; r0 < t->rows; r0 += slab) {
-        const int64_t nr = t->rows - r0 < slab ? t->rows - r0 : slab;
-        uint8_t *h = up_next(u, err, errlen);
-        if (!h) return -1;
-        const size_t quants = dol_q8_quants_bytes(nr, K), scales = dol_q8_scales_bytes(nr, K);
-        const size_t scales_off = align_up(quants, 16);
-        dol_tensor part = *t;
-        part.rows = nr;
-        part.data = (const char *)t->data + (size_t)r0 * (size_t)K * esz;
-        dol_q8_matrix m = { .quants = (int8_t *)h, .scales = (uint16_t *)(void *)(h + scales_off) };
-        const double t0 = dol_now_ms();
-        if (dol_q8_quantize(pool, &part, &m, what, err, errlen) != 0) return -1;
-        e->qs.quant_seconds += (dol_now_ms() - t0) / 1000.0;
-        if (up_copy(u, (int8_t *)dst->quants + (size_t)(row0 + r0) * (size_t)K, 0, quants, err,
-                    errlen) ||
-            up_copy(u, (dol_f16 *)dst->scales + (size_t)(row0 + r0) * (size_t)bpr, scales_off, scales,
-                    err, errlen) ||
-            up_flip(u, err, errlen))
-            return -1;
-    }
-    e->qs.n_quantized++;
-    e->qs.quant_bytes_before += (size_t)(t->rows * K) * esz;
-    e->qs.quant_bytes_after += dol_q8_bytes(t->rows, K);
-    return 0;
+    return up_quant(e, u, pool, &UP_Q8, (void *)dst->quants, (dol_f16 *)dst->scales, row0, t, what,
+                    err, errlen);
 }
 
 /* Rows row0.. of the linear matrix dst from the checkpoint tensor t, in the

@@ -3,9 +3,9 @@
 #include "engine/nf4.h"
 
 #include <math.h>
-#include <stdatomic.h>
 
 #include "dolphin/common.h"
+#include "engine/quant_blocks.h"
 
 /* QLoRA (Dettmers et al. 2023, arXiv:2305.14314), Appendix E: the NF4 data
  * type. 2^3 positive quantiles of N(0,1) and 2^3 - 1 negative ones (plus an
@@ -82,20 +82,13 @@ uint8_t dol_nf4_nearest(float x)
     return (uint8_t)code;
 }
 
-static inline float load_f32(const void *p, dol_dtype t, int64_t i)
-{
-    if (t == DOL_DTYPE_F16) return dol_f16_to_f32(((const uint16_t *)p)[i]);
-    if (t == DOL_DTYPE_BF16) return dol_bf16_to_f32(((const uint16_t *)p)[i]);
-    return ((const float *)p)[i];
-}
-
 /* One block of n weights (n even, <= 64) -> its F16 scale and n/2 bytes.
  * Returns -1 when a weight is NaN or the absmax overflows F16. */
 static int quantize_block(const void *src, dol_dtype t, int64_t base, int n,
                           uint16_t *scale, uint8_t *codes)
 {
     float w[DOL_NF4_BLOCK];
-    for (int i = 0; i < n; i++) w[i] = load_f32(src, t, base + i);
+    for (int i = 0; i < n; i++) w[i] = dol_quant_load_f32(src, t, base + i);
     float absmax = 0.0f;
     int bad = 0;
     for (int i = 0; i < n; i++) {
@@ -127,31 +120,13 @@ static int quantize_block(const void *src, dol_dtype t, int64_t base, int n,
     return 0;
 }
 
-typedef struct {
-    const dol_tensor *src;
-    dol_nf4_matrix *dst;
-    int64_t rows_per_task;
-    atomic_int failed;
-} quant_job;
-
-static void quant_task(void *ctx, int task, int worker)
+/* Block b of row r (quant_blocks.h's callback), into the matrix ctx. */
+static int quant_block_at(void *ctx, const dol_tensor *src, int64_t r, int64_t b, int64_t k0, int n)
 {
-    (void)worker;
-    quant_job *j = ctx;
-    const dol_nf4_matrix *m = j->dst;
-    int64_t r0 = task * j->rows_per_task, r1 = r0 + j->rows_per_task;
-    if (r1 > m->rows) r1 = m->rows;
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t b = 0; b < m->blocks_per_row; b++) {
-            int64_t k0 = b * DOL_NF4_BLOCK;
-            int n = m->cols - k0 < DOL_NF4_BLOCK ? (int)(m->cols - k0) : DOL_NF4_BLOCK;
-            if (quantize_block(j->src->data, j->src->dtype, r * m->cols + k0, n,
-                               &m->scales[r * m->blocks_per_row + b],
-                               &m->codes[r * (m->cols / 2) + k0 / 2]) != 0) {
-                atomic_store(&j->failed, 1);
-                return;
-            }
-        }
+    const dol_nf4_matrix *m = ctx;
+    return quantize_block(src->data, src->dtype, r * m->cols + k0, n,
+                          &m->scales[r * m->blocks_per_row + b],
+                          &m->codes[r * (m->cols / 2) + k0 / 2]);
 }
 
 int dol_nf4_quantize(dol_pool *pool, const dol_tensor *src, dol_nf4_matrix *dst,
@@ -161,19 +136,7 @@ int dol_nf4_quantize(dol_pool *pool, const dol_tensor *src, dol_nf4_matrix *dst,
     dst->rows = src->rows;
     dst->cols = src->cols;
     dst->blocks_per_row = (src->cols + DOL_NF4_BLOCK - 1) / DOL_NF4_BLOCK;
-    quant_job j = { .src = src, .dst = dst };
-    atomic_init(&j.failed, 0);
-    /* tasks of about 64K weights: many per thread for balance */
-    int64_t rows = 65536 / src->cols;
-    if (rows < 1) rows = 1;
-    j.rows_per_task = rows;
-    int64_t tasks = (src->rows + rows - 1) / rows;
-    if (pool) {
-        dol_pool_run(pool, quant_task, &j, (int)tasks);
-    } else {
-        for (int64_t t = 0; t < tasks; t++) quant_task(&j, (int)t, 0);
-    }
-    if (atomic_load(&j.failed)) {
+    if (dol_quant_blocks_run(pool, src, DOL_NF4_BLOCK, quant_block_at, dst) != 0) {
         dol_set_err(err, errlen,
                     "weights nf4: %s: a weight is NaN or beyond the F16 range (|w| > 65504); "
                     "cannot quantize",

@@ -3,9 +3,9 @@
 #include "engine/q8.h"
 
 #include <math.h>
-#include <stdatomic.h>
 
 #include "dolphin/common.h"
+#include "engine/quant_blocks.h"
 
 size_t dol_q8_quants_bytes(int64_t rows, int64_t cols) { return (size_t)rows * (size_t)cols; }
 
@@ -19,13 +19,6 @@ size_t dol_q8_bytes(int64_t rows, int64_t cols)
     return dol_q8_quants_bytes(rows, cols) + dol_q8_scales_bytes(rows, cols);
 }
 
-static inline float load_f32(const void *p, dol_dtype t, int64_t i)
-{
-    if (t == DOL_DTYPE_F16) return dol_f16_to_f32(((const uint16_t *)p)[i]);
-    if (t == DOL_DTYPE_BF16) return dol_bf16_to_f32(((const uint16_t *)p)[i]);
-    return ((const float *)p)[i];
-}
-
 /* One block of n <= 32 weights -> its F16 scale and n int8 values; -1 when
  * a weight is NaN or the scale overflows F16. */
 static int quantize_block(const void *src, dol_dtype t, int64_t base, int n, uint16_t *scale,
@@ -35,7 +28,7 @@ static int quantize_block(const void *src, dol_dtype t, int64_t base, int n, uin
     float absmax = 0.0f;
     int bad = 0;
     for (int i = 0; i < n; i++) {
-        w[i] = load_f32(src, t, base + i);
+        w[i] = dol_quant_load_f32(src, t, base + i);
         float a = fabsf(w[i]);
         bad |= !(a <= 65504.0f * 127.0f);
         absmax = a > absmax ? a : absmax;
@@ -55,31 +48,12 @@ static int quantize_block(const void *src, dol_dtype t, int64_t base, int n, uin
     return 0;
 }
 
-typedef struct {
-    const dol_tensor *src;
-    dol_q8_matrix *dst;
-    int64_t rows_per_task;
-    atomic_int failed;
-} quant_job;
-
-static void quant_task(void *ctx, int task, int worker)
+/* Block b of row r (quant_blocks.h's callback), into the matrix ctx. */
+static int quant_block_at(void *ctx, const dol_tensor *src, int64_t r, int64_t b, int64_t k0, int n)
 {
-    (void)worker;
-    quant_job *j = ctx;
-    const dol_q8_matrix *m = j->dst;
-    int64_t r0 = task * j->rows_per_task, r1 = r0 + j->rows_per_task;
-    if (r1 > m->rows) r1 = m->rows;
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t b = 0; b < m->blocks_per_row; b++) {
-            int64_t k0 = b * DOL_Q8_BLOCK;
-            int n = m->cols - k0 < DOL_Q8_BLOCK ? (int)(m->cols - k0) : DOL_Q8_BLOCK;
-            if (quantize_block(j->src->data, j->src->dtype, r * m->cols + k0, n,
-                               &m->scales[r * m->blocks_per_row + b],
-                               &m->quants[r * m->cols + k0]) != 0) {
-                atomic_store(&j->failed, 1);
-                return;
-            }
-        }
+    const dol_q8_matrix *m = ctx;
+    return quantize_block(src->data, src->dtype, r * m->cols + k0, n,
+                          &m->scales[r * m->blocks_per_row + b], &m->quants[r * m->cols + k0]);
 }
 
 int dol_q8_quantize(dol_pool *pool, const dol_tensor *src, dol_q8_matrix *dst,
@@ -88,16 +62,7 @@ int dol_q8_quantize(dol_pool *pool, const dol_tensor *src, dol_q8_matrix *dst,
     dst->rows = src->rows;
     dst->cols = src->cols;
     dst->blocks_per_row = (src->cols + DOL_Q8_BLOCK - 1) / DOL_Q8_BLOCK;
-    quant_job j = { .src = src, .dst = dst };
-    atomic_init(&j.failed, 0);
-    int64_t rows = 65536 / (src->cols > 0 ? src->cols : 1); /* tasks of ~64K weights */
-    if (rows < 1) rows = 1;
-    j.rows_per_task = rows;
-    int64_t tasks = (src->rows + rows - 1) / rows;
-    if (pool) dol_pool_run(pool, quant_task, &j, (int)tasks);
-    else
-        for (int64_t t = 0; t < tasks; t++) quant_task(&j, (int)t, 0);
-    if (atomic_load(&j.failed)) {
+    if (dol_quant_blocks_run(pool, src, DOL_Q8_BLOCK, quant_block_at, dst) != 0) {
         dol_set_err(err, errlen,
                     "weights int8: %s: a weight is NaN or too large for an F16 scale "
                     "(|w| / 127 > 65504); cannot quantize",

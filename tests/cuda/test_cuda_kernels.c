@@ -20,46 +20,13 @@
 #include "engine/cpu_ops.h"
 #include "kernels/kernels.h"
 
+#define CUDA_TEST_SEED 0x9E3779B97F4A7C15ull
+#include "cuda_test_util.h"
+
 /* ---- helpers ------------------------------------------------------------- */
-
-#define CK(call)                                                                            \
-    do {                                                                                    \
-        cudaError_t rc_ = (call);                                                           \
-        if (rc_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(rc_));         \
-    } while (0)
-
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint64_t next_u64(void)
-{
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-/* uniform in [-a, a] */
-static float urand(float a) { return (float)((double)(next_u64() >> 11) / 9007199254740992.0 * 2.0 - 1.0) * a; }
-static int irand(int n) { return (int)(next_u64() % (uint64_t)n); }
 
 static float h2f(dol_f16 h) { return dol_f16_to_f32(h); }
 static dol_f16 f2h(float f) { return dol_f32_to_f16(f); }
-
-static void *dmalloc(size_t bytes)
-{
-    void *p = NULL;
-    CK(cudaMalloc(&p, bytes ? bytes : 16));
-    return p;
-}
-static void *dup_to_dev(const void *h, size_t bytes)
-{
-    void *d = dmalloc(bytes);
-    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-static void to_host(void *h, const void *d, size_t bytes)
-{
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
-}
 
 /* |got - want| <= rel * |want| + abs, else fail naming the element */
 static void check_close(const char *what, size_t i, double got, double want, double rel, double abs_)

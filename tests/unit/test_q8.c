@@ -35,9 +35,7 @@ typedef struct {
 static qmat make_qmat(int rows, int cols, float sigma)
 {
     qmat m = {0};
-    m.w = malloc(sizeof(float) * (size_t)rows * cols);
-    for (int i = 0; i < rows * cols; i++) m.w[i] = gaussian() * sigma;
-    for (int r = 0; r < rows; r++) m.w[(size_t)r * cols + (r * 7) % cols] *= 6.0f;
+    m.w = random_outlier_weights(rows, cols, sigma);
     m.q.quants = malloc(dol_q8_quants_bytes(rows, cols));
     m.q.scales = malloc(dol_q8_scales_bytes(rows, cols));
     dol_tensor t = { DOL_DTYPE_F32, rows, cols, m.w };

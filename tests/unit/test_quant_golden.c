@@ -169,34 +169,6 @@ static dol_engine *open_engine(const dol_model *m, dol_weight_format wf)
     return e;
 }
 
-/* Greedy ids after the prompt (stopping at BOS/EOS like the reference); the
- * logits after the prompt go to first. */
-static int greedy(dol_engine *e, const int32_t *prompt, int np, int max_new, int32_t *out,
-                  float *first)
-{
-    int V = dol_engine_vocab_size(e);
-    float *logits = malloc(sizeof(float) * (size_t)V);
-    char err[DOL_ERR_LEN];
-    int seq = dol_engine_seq_new(e);
-    assert_true(seq >= 0);
-    assert_int_equal(dol_engine_seq_reserve(e, seq, np + max_new), 0);
-    dol_batch_item it = { seq, np, prompt, 0, 1, logits };
-    if (dol_engine_forward(e, &it, 1, err, sizeof err) != 0) fail_msg("%s", err);
-    memcpy(first, logits, sizeof(float) * (size_t)V);
-    int n = 0;
-    for (int step = 0; step < max_new; step++) {
-        int32_t id = fixture_argmax(logits, V);
-        if (id == 1 || id == 2) break;
-        out[n++] = id;
-        if (step + 1 == max_new) break;
-        dol_batch_item d = { seq, 1, &out[n - 1], np + n - 1, 1, logits };
-        if (dol_engine_forward(e, &d, 1, err, sizeof err) != 0) fail_msg("%s", err);
-    }
-    dol_engine_seq_free(e, seq);
-    free(logits);
-    return n;
-}
-
 /* Sum over the continuation of -log softmax(logits)[next]: prompt + cont
  * through the engine in one call, every position's logits. */
 static double nll_sum(dol_engine *e, const int32_t *prompt, int np, const int32_t *cont, int nc)
@@ -206,13 +178,7 @@ static double nll_sum(dol_engine *e, const int32_t *prompt, int np, const int32_
     memcpy(ids, prompt, sizeof(int32_t) * (size_t)np);
     memcpy(ids + np, cont, sizeof(int32_t) * (size_t)nc);
     float *logits = malloc(sizeof(float) * (size_t)V * (size_t)n);
-    char err[DOL_ERR_LEN];
-    int seq = dol_engine_seq_new(e);
-    assert_true(seq >= 0);
-    assert_int_equal(dol_engine_seq_reserve(e, seq, n), 0);
-    dol_batch_item it = { seq, n, ids, 0, n, logits };
-    if (dol_engine_forward(e, &it, 1, err, sizeof err) != 0) fail_msg("%s", err);
-    dol_engine_seq_free(e, seq);
+    test_forward_all(e, ids, n, logits);
     double s = 0.0;
     for (int i = np - 1; i < n - 1; i++) {
         const float *l = logits + (size_t)i * V;
@@ -258,7 +224,7 @@ static void engine_golden(const char *model, const char *scheme)
                cJSON_GetArrayItem(margins, trusted)->valuedouble >= MARGIN_BOUND)
             trusted++;
         int cmp = trusted < nw ? trusted : nw;
-        int ng = greedy(e, prompt, np, max_new, got, first);
+        int ng = test_greedy(e, prompt, np, max_new, got, NULL, first);
         int same = 0;
         while (same < ng && same < nw && got[same] == want[same]) same++;
         print_message("  %s %s case %d: %d of %d golden ids (%d trusted)\n", model, scheme, ci,

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #ifndef TEST_RNG_SEED
 #define TEST_RNG_SEED 0x9E3779B97F4A7C15ull
@@ -27,6 +28,16 @@ static inline float gaussian(void) /* Box-Muller */
 {
     double u = uniform(), v = uniform();
     return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(2.0 * M_PI * v));
+}
+
+/* w[rows][cols] = random N(0, sigma) weights with one outlier (x6) per row,
+ * as in real checkpoints: the input of the quantizers' tests. */
+static inline float *random_outlier_weights(int rows, int cols, float sigma)
+{
+    float *w = malloc(sizeof(float) * (size_t)rows * cols);
+    for (int i = 0; i < rows * cols; i++) w[i] = gaussian() * sigma;
+    for (int r = 0; r < rows; r++) w[(size_t)r * cols + (r * 7) % cols] *= 6.0f;
+    return w;
 }
 
 #endif
