@@ -33,6 +33,7 @@ from ops_util import log_records, nginx_in_front
 
 READ_TIMEOUT_S = 5      # the hung-replica test's proxy_read_timeout
 FAIL_TIMEOUT_S = 5      # configs/nginx/dolphin.conf fail_timeout
+STALE_KEEPALIVE_S = 0.1  # nginx reading the FIN of an idle upstream connection
 
 
 def replica(port=None, args=()):
@@ -128,21 +129,30 @@ def test_kill_9_one_replica():
         t_kill = time.monotonic()
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait()
+        # A killed process keeps its sockets (the listening one too) until the
+        # kernel has torn down its memory, which takes a while under ASan: a
+        # request nginx sent it before it was reaped was in flight on it. So was
+        # one nginx wrote, just after, on a kept-alive connection to it whose
+        # FIN it had not read yet; a POST sent there is not retried (see
+        # docs/deployment.md), hence the short grace.
+        t_dead = time.monotonic() + STALE_KEEPALIVE_S
         load.wait_sent(load.sent() + 200)
         results = load.stop()
         kinds = report("kill -9 of one replica", results)
         no_hangs(results)
         failed = [r for r in results if r.outcome != "ok"]
-        in_flight = [r for r in results if r.t0 <= t_kill <= r.t1]
-        print(f"cluster kill -9: {len(in_flight)} requests in flight at the kill (on all "
-              f"replicas), {len(failed)} failed", flush=True)
+        in_flight = [r for r in results if r.t0 <= t_dead and r.t1 >= t_kill]
+        print(f"cluster kill -9: {len(in_flight)} requests in flight between the signal and "
+              f"the exit ({(t_dead - t_kill) * 1000:.0f} ms, on all replicas), "
+              f"{len(failed)} failed", flush=True)
         where = upstream_of(ng)
         for r in failed:
-            # in flight at the kill, on the killed replica, and a clean failure
-            assert r.t0 <= t_kill, (r, "started after the kill")
+            # in flight while it died, on the killed replica, and a clean failure
+            assert r.t0 <= t_dead, (r, "started after the replica was gone",
+                                    r.t0 - t_kill)
             assert where.get(r.rid) == victim.port, (r, where.get(r.rid))
             assert r.outcome in ("http_502", "http_503", "stream_cut"), r
-        later = [r for r in results if r.t0 > t_kill + 0.2]
+        later = [r for r in results if r.t0 > t_dead + 0.2]
         assert len(later) >= 150 and all(r.outcome == "ok" for r in later)
         assert set(kinds) <= {"http_502", "http_503", "stream_cut"}, kinds
 
