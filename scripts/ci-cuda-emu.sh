@@ -47,6 +47,7 @@ WRAP
 chmod +x "$B/dolphind-cuda"
 DOLPHIN_BIN="$PWD/$B/dolphind-cuda" ASAN_OPTIONS=detect_leaks=1 "$PWD/.venv/bin/python" -m pytest \
   tests/http/test_golden.py tests/http/test_api_streaming.py \
+  "tests/http/test_memory.py::test_checkpoint_pages_released" \
   "tests/http/test_scheduler.py::test_batch_invariance" -q -p no:cacheprovider
 stamp
 

@@ -467,6 +467,47 @@ static int alloc_linear(cuda_engine *e, cu_linear *w, int N, int K, bool nf4, bo
     return 0;
 }
 
+/* Load progress of one instance: a tensor's checkpoint pages are dropped
+ * (dol_model_release) once up_* returns, since by then its bytes are in a
+ * pinned buffer, so the host holds the weights once (the device copy) and
+ * not the checkpoint besides. A load over a second logs its progress. */
+typedef struct {
+    size_t total, done, released;
+    double t0, last_log;
+} up_progress;
+
+static size_t tensor_bytes(const dol_tensor *t)
+{
+    return (size_t)(t->rows * t->cols) * dol_dtype_size(t->dtype);
+}
+
+static size_t layer_bytes(const dol_layer_weights *s)
+{
+    const dol_tensor *t[9] = { &s->attn_norm, &s->ffn_norm, &s->q,  &s->k,   &s->v,
+                               &s->o,         &s->gate,     &s->up, &s->down };
+    size_t n = 0;
+    for (int i = 0; i < 9; i++) n += tensor_bytes(t[i]);
+    return n;
+}
+
+static void prefetch_layer(const dol_model *m, const dol_layer_weights *s)
+{
+    const dol_tensor *t[7] = { &s->q, &s->k, &s->v, &s->o, &s->gate, &s->up, &s->down };
+    for (int i = 0; i < 7; i++) dol_model_prefetch(m, t[i]);
+}
+
+static void up_done(up_progress *pr, const dol_model *m, const dol_tensor *t)
+{
+    pr->released += dol_model_release(m, t);
+    pr->done += tensor_bytes(t);
+    const double now = dol_now_ms();
+    if (now - pr->last_log >= 1000.0 && pr->done < pr->total) {
+        dol_log(DOL_LOG_INFO, "weights_loading", "bytes_done=%zu bytes_total=%zu mb_s=%.0f",
+                pr->done, pr->total, pr->done / 1e6 / ((now - pr->t0) / 1000.0));
+        pr->last_log = now;
+    }
+}
+
 static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_t errlen)
 {
     const dol_model_config *c = &e->c;
@@ -558,10 +599,19 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
         }
     }
     uploader u;
+    up_progress pr = { .t0 = dol_now_ms() };
+    pr.last_log = pr.t0;
+    for (int l = 0; l < c->n_layers; l++) pr.total += layer_bytes(&m->layers[e->l0 + l]);
+    if (e->has_embed) pr.total += tensor_bytes(&m->embed);
+    const bool head_upload = e->has_head && (!tied || e->nf4_head || e->q8_head);
+    if (head_upload) pr.total += tensor_bytes(&m->lm_head);
+    if (e->has_head) pr.total += tensor_bytes(&m->final_norm);
+    if (c->n_layers > 0) prefetch_layer(m, &m->layers[e->l0]);
     int rc = up_init(&u, e->stream, err, errlen);
     for (int l = 0; rc == 0 && l < c->n_layers; l++) {
         const dol_layer_weights *s = &m->layers[e->l0 + l];
         cu_layer *w = &e->L[l];
+        if (l + 1 < c->n_layers) prefetch_layer(m, &m->layers[e->l0 + l + 1]);
         const struct { const cu_linear *dst; int64_t row0; const dol_tensor *src; const char *name; } lin[] = {
             { &w->qkv, 0, &s->q, "self_attn.q_proj" },
             { &w->qkv, e->q_dim, &s->k, "self_attn.k_proj" },
@@ -573,20 +623,35 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
         };
         rc = up_f32(&u, w->attn_norm, &s->attn_norm, err, errlen) ||
              up_f32(&u, w->ffn_norm, &s->ffn_norm, err, errlen) ? -1 : 0;
+        if (rc == 0) up_done(&pr, m, &s->attn_norm), up_done(&pr, m, &s->ffn_norm);
         for (size_t i = 0; rc == 0 && i < sizeof lin / sizeof lin[0]; i++) {
             char what[96];
             snprintf(what, sizeof what, "model.layers.%d.%s.weight", e->l0 + l, lin[i].name);
             rc = up_linear(e, &u, pool, lin[i].dst, lin[i].row0, lin[i].src, what, err, errlen);
+            if (rc == 0) up_done(&pr, m, lin[i].src);
         }
     }
-    if (rc == 0 && e->has_embed) rc = up_f16(&u, e->embed, &m->embed, err, errlen);
-    if (rc == 0 && e->has_head && (!tied || e->nf4_head || e->q8_head))
+    if (rc == 0 && e->has_embed) {
+        if (head_upload) dol_model_prefetch(m, &m->lm_head);
+        rc = up_f16(&u, e->embed, &m->embed, err, errlen);
+        if (rc == 0) up_done(&pr, m, &m->embed);
+    }
+    if (rc == 0 && head_upload) {
         rc = up_linear(e, &u, pool, &e->lm_head, 0, &m->lm_head, "lm_head.weight", err, errlen);
-    if (rc == 0 && e->has_head) rc = up_f32(&u, e->final_norm, &m->final_norm, err, errlen);
+        if (rc == 0) up_done(&pr, m, &m->lm_head);
+    }
+    if (rc == 0 && e->has_head) {
+        rc = up_f32(&u, e->final_norm, &m->final_norm, err, errlen);
+        if (rc == 0) up_done(&pr, m, &m->final_norm);
+    }
     up_free(&u);
     dol_pool_free(pool);
     if (rc) return -1;
     CUDA_CHECK(cudaDeviceSynchronize()); /* every upload and memset done */
+    const double sec = (dol_now_ms() - pr.t0) / 1000.0;
+    dol_log(DOL_LOG_INFO, "weights_prepared",
+            "device=%d bytes=%zu held_bytes=%zu released_bytes=%zu seconds=%.3f mb_s=%.0f", e->dev,
+            pr.total, e->weight_bytes, pr.released, sec, sec > 0 ? pr.total / 1e6 / sec : 0.0);
     return 0;
 }
 
