@@ -623,7 +623,10 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
         };
         rc = up_f32(&u, w->attn_norm, &s->attn_norm, err, errlen) ||
              up_f32(&u, w->ffn_norm, &s->ffn_norm, err, errlen) ? -1 : 0;
-        if (rc == 0) up_done(&pr, m, &s->attn_norm), up_done(&pr, m, &s->ffn_norm);
+        if (rc == 0) {
+            up_done(&pr, m, &s->attn_norm);
+            up_done(&pr, m, &s->ffn_norm);
+        }
         for (size_t i = 0; rc == 0 && i < sizeof lin / sizeof lin[0]; i++) {
             char what[96];
             snprintf(what, sizeof what, "model.layers.%d.%s.weight", e->l0 + l, lin[i].name);
