@@ -16,6 +16,7 @@ PKGS=(
   build-essential cmake pkg-config
   libmicrohttpd-dev libcjson-dev libyaml-dev libsentencepiece-dev
   libcmocka-dev
+  libssl-dev libxxhash-dev
   python3 python3-venv python3-pytest python3-requests python3-yaml
   curl nginx-light prometheus
   clang libclang-rt-14-dev

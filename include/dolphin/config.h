@@ -57,6 +57,7 @@ typedef struct {
     dol_int_list layer_split;
     int gpu_layers;
     bool allow_host_spill;
+    char weights_cache_dir[1024];    /* CPU prepared-weights cache folder; "" = off */
     unsigned set_mask;               /* bit i: MODEL_FIELDS[i] set by the entry */
     bool implicit;                   /* made from the single model: / --model */
 } dol_model_entry;
@@ -103,6 +104,7 @@ typedef struct {
     dol_weight_format weights;   /* auto | f32 | f16 | nf4 | int8 (default auto) */
     bool quantize_lm_head;       /* weights nf4 / int8: quantize lm_head too (default false) */
     int context_len;             /* 0 = max_position_embeddings */
+    char weights_cache_dir[1024];/* CPU: folder of the prepared-weights cache; default "" = off */
     /* default sampling values, used when a request leaves them out */
     float temperature;           /* default 1.0 (OpenAI's) */
     float top_p;                 /* default 1.0 */

@@ -107,6 +107,10 @@ typedef struct {
     int gpu_layers;           /* the first N blocks on the GPU(s), the rest on the CPU */
     bool no_host_spill;       /* refuse to start rather than put blocks on the
                                  CPU that were not asked there ({0}: spill) */
+    const char *weights_cache_dir; /* CPU: folder of the prepared-weights cache
+                                 (docs/configuration.md); NULL or "" = off.
+                                 Read during dol_engine_create only. The CUDA
+                                 backend ignores it. */
 } dol_engine_params;
 
 typedef struct dol_engine dol_engine;

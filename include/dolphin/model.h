@@ -125,6 +125,18 @@ void dol_model_free(dol_model *m);
 void dol_model_prefetch(const dol_model *m, const dol_tensor *t);
 size_t dol_model_release(const dol_model *m, const dol_tensor *t);
 
+/* A SHA-256 (FIPS 180-4, OpenSSL's libcrypto) that changes whenever the
+ * checkpoint m was loaded from is changed on disk, for keying caches of
+ * what is derived from its weights (docs/configuration.md, "The
+ * prepared-weights cache"). It covers the bytes of config.json (and of
+ * model.safetensors.index.json when present) and, for every safetensors
+ * file in load order, its name, size, modification time in nanoseconds and
+ * JSON header; not the weight bytes themselves (reading them is what a
+ * cache avoids), so a file rewritten in place with the same size, header
+ * and mtime goes unnoticed. Reads only those small parts (any thread).
+ * 0, or -1 with one line in err naming the file that could not be read. */
+int dol_model_source_digest(const dol_model *m, uint8_t out[32], char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

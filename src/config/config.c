@@ -109,7 +109,8 @@ static const field FIELDS[] = {
       .metavar = "NAME", .help = "model id in the API; empty = the model directory's name" },
     { .name = "models", .type = F_MODELS, .def = "", .metavar = "LIST",
       .help = "several models (config file only): a list of {name, path, aliases, pinned, "
-              "weights, quantize_lm_head, backend, gpu_memory_utilization, context_len}; "
+              "weights, quantize_lm_head, backend, gpu_memory_utilization, context_len, "
+              "weights_cache_dir}; "
               "see docs/configuration.md" },
     { .name = "max_loaded_models", .type = F_INT, AT(max_loaded_models), .min = 1,
       .max = DOL_MAX_MODELS, .def = "3", .metavar = "N",
@@ -152,6 +153,10 @@ static const field FIELDS[] = {
       .help = "with weights nf4 or int8, quantize lm_head too (default: kept in its 16/32 bits)" },
     { .name = "context_len", .type = F_INT, AT(context_len), .min = 0, .max = NONE,
       .def = "0", .metavar = "N", .help = "context length; 0 = max_position_embeddings" },
+    { .name = "weights_cache_dir", .type = F_STR, AT(weights_cache_dir), .def = "",
+      .metavar = "DIR",
+      .help = "CPU: keep the converted weights in a cache file in DIR and map it at the next "
+              "start; empty = off" },
     /* sampling */
     { .name = "temperature", .type = F_FLOAT, AT(temperature), .min = 0, .max = 2,
       .def = "1.0", .metavar = "T", .help = "default temperature; 0 = greedy",
@@ -242,6 +247,7 @@ static const field MODEL_FIELDS[] = {
     { .name = "layer_split", .type = F_LIST, MAT(layer_split), .min = 1, .max = 100000, .def = "" },
     { .name = "gpu_layers", .type = F_INT, MAT(gpu_layers), .min = -1, .max = 100000, .def = "-1" },
     { .name = "allow_host_spill", .type = F_BOOL, MAT(allow_host_spill), .def = "true" },
+    { .name = "weights_cache_dir", .type = F_STR, MAT(weights_cache_dir), .def = "" },
 };
 #define N_MODEL_FIELDS (sizeof MODEL_FIELDS / sizeof MODEL_FIELDS[0])
 /* The inherited keys: entry field -> the dol_config member it defaults to. */
@@ -255,6 +261,7 @@ static const struct { const char *name; size_t top; } INHERITED[] = {
     { "layer_split", offsetof(dol_config, layer_split) },
     { "gpu_layers", offsetof(dol_config, gpu_layers) },
     { "allow_host_spill", offsetof(dol_config, allow_host_spill) },
+    { "weights_cache_dir", offsetof(dol_config, weights_cache_dir) },
 };
 
 /* F_ENUM fields hold an int; their `choices` list the enum's values in order. */

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "engine/cpu_kernels.h"
 #include "engine/cpu_ops.h"
@@ -21,6 +22,7 @@
 #include "engine/nf4.h"
 #include "engine/q8.h"
 #include "engine/threadpool.h"
+#include "engine/weights_cache.h"
 #include "dolphin/log.h"
 
 #define LOGIT_ROWS_CHUNK 64
@@ -59,6 +61,7 @@ typedef struct {
     int n_owned, cap_owned;
     size_t weight_bytes;
     size_t released_bytes;    /* checkpoint pages dropped after conversion */
+    dol_wcache *wcache;       /* the prepared-weights cache file mapped, on a hit */
     dol_quant_stats qs;       /* linear layers: formats, sizes, quantization time */
 
     /* paged KV cache: block b holds, for every layer l and KV head h, the
@@ -125,13 +128,62 @@ static float *norm_f32(cpu_engine *e, const dol_tensor *t)
     return p;
 }
 
+/* The dtype a linear layer is packed in under format fmt (F32/F16/BF16
+ * formats; AUTO keeps the checkpoint's). */
+static dol_dtype packed_dtype(dol_weight_format fmt, const dol_tensor *src)
+{
+    if (fmt == DOL_WEIGHTS_F32) return DOL_DTYPE_F32;
+    if (fmt == DOL_WEIGHTS_F16) return DOL_DTYPE_F16;
+    return src->dtype; /* AUTO: F32, F16 and BF16 all have SIMD kernels */
+}
+
+/* The arrays prep_linear makes for src under fmt, in order (sizes in
+ * bytes): NF4 codes + scales, Q8_0 quants + scales, or one packed matrix.
+ * Returns their count. The prepared-weights cache holds these. */
+static int linear_arrays(dol_weight_format fmt, const dol_tensor *src, size_t size[2])
+{
+    if (fmt == DOL_WEIGHTS_NF4) {
+        size[0] = dol_nf4_codes_bytes(src->rows, src->cols);
+        size[1] = dol_nf4_scales_bytes(src->rows, src->cols);
+        return 2;
+    }
+    if (fmt == DOL_WEIGHTS_INT8) {
+        size[0] = dol_q8_quants_bytes(src->rows, src->cols);
+        size[1] = dol_q8_scales_bytes(src->rows, src->cols);
+        return 2;
+    }
+    size[0] = dol_cpu_packed_elems((int)src->rows, (int)src->cols) *
+              dol_dtype_size(packed_dtype(fmt, src));
+    return 1;
+}
+
+/* The arrays of a prepared layer, in linear_arrays' order. */
+static int linear_ptrs(const linear_w *w, void *ptr[2])
+{
+    if (w->nf4) {
+        ptr[0] = w->q.codes;
+        ptr[1] = w->q.scales;
+        return 2;
+    }
+    if (w->q8) {
+        ptr[0] = w->q8m.quants;
+        ptr[1] = w->q8m.scales;
+        return 2;
+    }
+    ptr[0] = (void *)w->w.data;
+    return 1;
+}
+
 /* A linear layer in the format the matmul reads: F32, F16 or BF16 in the
  * packed layout of cpu_kernels.h (converted from the checkpoint's dtype when
  * the format asks for another), or NF4, quantized; both on the engine's
- * thread pool. `what` names the tensor
- * in errors. Keeps the byte counts of dol_quant_stats. */
+ * thread pool. With `cached` (the arrays of linear_arrays, from the
+ * prepared-weights cache) nothing is converted: the layer points at them.
+ * `what` names the tensor in errors. Keeps the byte counts of
+ * dol_quant_stats. */
 static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *src,
-                       linear_w *dst, const char *what, char *err, size_t errlen)
+                       linear_w *dst, void *const *cached, const char *what, char *err,
+                       size_t errlen)
 {
     int64_t n = src->rows * src->cols;
     dst->w = *src;
@@ -141,11 +193,17 @@ static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *s
         size_t scales = dol_nf4_scales_bytes(src->rows, src->cols);
         if (dol_nf4_check_cols(src->cols, what, err, errlen) != 0) return -1;
         dst->nf4 = true;
-        dst->q.codes = own(e, codes);
-        dst->q.scales = own(e, scales);
+        dst->q.codes = cached ? cached[0] : own(e, codes);
+        dst->q.scales = cached ? cached[1] : own(e, scales);
         if (!dst->q.codes || !dst->q.scales) goto oom;
         double t0 = dol_now_ms();
-        if (dol_nf4_quantize(e->pool, src, &dst->q, what, err, errlen) != 0) return -1;
+        if (cached) {
+            dst->q.rows = src->rows;
+            dst->q.cols = src->cols;
+            dst->q.blocks_per_row = (src->cols + DOL_NF4_BLOCK - 1) / DOL_NF4_BLOCK;
+        } else if (dol_nf4_quantize(e->pool, src, &dst->q, what, err, errlen) != 0) {
+            return -1;
+        }
         e->qs.quant_seconds += (dol_now_ms() - t0) / 1000.0;
         e->qs.n_quantized++;
         e->qs.quant_bytes_before += (size_t)n * dol_dtype_size(src->dtype);
@@ -158,11 +216,17 @@ static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *s
         size_t quants = dol_q8_quants_bytes(src->rows, src->cols);
         size_t scales = dol_q8_scales_bytes(src->rows, src->cols);
         dst->q8 = true;
-        dst->q8m.quants = own(e, quants);
-        dst->q8m.scales = own(e, scales);
+        dst->q8m.quants = cached ? cached[0] : own(e, quants);
+        dst->q8m.scales = cached ? cached[1] : own(e, scales);
         if (!dst->q8m.quants || !dst->q8m.scales) goto oom;
         double t0 = dol_now_ms();
-        if (dol_q8_quantize(e->pool, src, &dst->q8m, what, err, errlen) != 0) return -1;
+        if (cached) {
+            dst->q8m.rows = src->rows;
+            dst->q8m.cols = src->cols;
+            dst->q8m.blocks_per_row = (src->cols + DOL_Q8_BLOCK - 1) / DOL_Q8_BLOCK;
+        } else if (dol_q8_quantize(e->pool, src, &dst->q8m, what, err, errlen) != 0) {
+            return -1;
+        }
         e->qs.quant_seconds += (dol_now_ms() - t0) / 1000.0;
         e->qs.n_quantized++;
         e->qs.quant_bytes_before += (size_t)n * dol_dtype_size(src->dtype);
@@ -171,19 +235,17 @@ static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *s
         e->weight_bytes += quants + scales;
         return 0;
     }
-    dol_dtype want;
-    if (fmt == DOL_WEIGHTS_F32) want = DOL_DTYPE_F32;
-    else if (fmt == DOL_WEIGHTS_F16) want = DOL_DTYPE_F16;
-    else want = src->dtype; /* AUTO: F32, F16 and BF16 all have SIMD kernels */
+    dol_dtype want = packed_dtype(fmt, src);
     dst->w.dtype = want;
     e->qs.linear_bytes += (size_t)n * dol_dtype_size(want);
     e->weight_bytes += (size_t)n * dol_dtype_size(want);
     /* Always a packed copy (cpu_kernels.h): one sequential stream per
      * register tile, whatever the checkpoint's dtype. */
     size_t elems = dol_cpu_packed_elems((int)src->rows, (int)src->cols);
-    void *buf = own(e, elems * dol_dtype_size(want));
+    void *buf = cached ? cached[0] : own(e, elems * dol_dtype_size(want));
     if (!buf) goto oom;
-    if (dol_cpu_pack(e->pool, buf, want, src->data, src->dtype, (int)src->rows, (int)src->cols) != 0) {
+    if (!cached &&
+        dol_cpu_pack(e->pool, buf, want, src->data, src->dtype, (int)src->rows, (int)src->cols) != 0) {
         dol_set_err(err, errlen, "engine: %s: cannot hold %s weights as %s", what,
                     dol_dtype_name(src->dtype), dol_dtype_name(want));
         return -1;
@@ -215,6 +277,79 @@ typedef struct {
 static size_t tensor_bytes(const dol_tensor *t)
 {
     return (size_t)(t->rows * t->cols) * dol_dtype_size(t->dtype);
+}
+
+/* ---- the prepared-weights cache (weights_cache.h) ------------------------ */
+
+/* What decides the bytes of the cached arrays besides the checkpoint: the
+ * layouts (one packed layout serves every kernel set, cpu_kernels.h), the
+ * formats and the layer range. */
+static void cache_layout(const cpu_engine *e, const dol_engine_params *p, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "cpu pack_rows=%d pack_k=%d nf4_block=%d q8_block=%d weights=%d "
+             "quantize_lm_head=%d layers=%d+%d embed=%d head=%d",
+             DOL_PACK_ROWS, DOL_PACK_K, DOL_NF4_BLOCK, DOL_Q8_BLOCK, (int)p->weights,
+             p->quantize_lm_head ? 1 : 0, e->l0, e->c.n_layers, e->has_embed ? 1 : 0,
+             e->has_head ? 1 : 0);
+}
+
+typedef struct {
+    bool on;
+    char path[4352];
+    uint8_t key[32];
+    dol_wcache_array *arr;  /* the arrays of every linear layer, in plan order */
+    int n_arr;
+    bool found_bad;         /* a file was there but unusable: "rebuilt" */
+} cache_ctx;
+
+/* Look the cache up: true on a hit (cc->arr point into the mapping, kept
+ * in e->wcache). A file that is there but unusable is named in one warning
+ * and removed, to be written again after the conversion. */
+static bool cache_lookup(cpu_engine *e, const dol_model *model, const dol_engine_params *p,
+                         cache_ctx *cc)
+{
+    char layout[256], err[DOL_ERR_LEN];
+    cache_layout(e, p, layout, sizeof layout);
+    if (dol_wcache_key(model, layout, cc->key, err, sizeof err) != 0) {
+        dol_log(DOL_LOG_WARN, "weights_cache_off", "dir=%s reason=\"%s\"", p->weights_cache_dir,
+                err);
+        cc->on = false;
+        return false;
+    }
+    dol_wcache_path(p->weights_cache_dir, model->name, cc->key, cc->path, sizeof cc->path);
+    const double t0 = dol_now_ms();
+    int rc = dol_wcache_open(cc->path, cc->key, cc->arr, cc->n_arr, e->pool, &e->wcache, err,
+                             sizeof err);
+    if (rc == 0) {
+        dol_log(DOL_LOG_INFO, "weights_cache", "result=hit path=%s bytes=%zu seconds=%.3f",
+                cc->path, dol_wcache_bytes(e->wcache), (dol_now_ms() - t0) / 1000.0);
+        return true;
+    }
+    if (rc < 0) {
+        dol_log(DOL_LOG_WARN, "weights_cache_invalid", "path=%s reason=\"%s\" action=rebuild",
+                cc->path, err);
+        (void)unlink(cc->path);
+        cc->found_bad = true;
+    }
+    return false;
+}
+
+/* After a conversion: write the arrays to the cache file (a failure is a
+ * warning; the engine runs from its own copies either way). */
+static void cache_store(cpu_engine *e, cache_ctx *cc)
+{
+    char err[DOL_ERR_LEN];
+    size_t bytes = 0;
+    const double t0 = dol_now_ms();
+    if (dol_wcache_write(cc->path, cc->key, cc->arr, cc->n_arr, e->pool, &bytes, err,
+                         sizeof err) != 0) {
+        dol_log(DOL_LOG_WARN, "weights_cache_write_failed", "path=%s reason=\"%s\"", cc->path,
+                err);
+        return;
+    }
+    dol_log(DOL_LOG_INFO, "weights_cache", "result=%s path=%s bytes=%zu seconds=%.3f",
+            cc->found_bad ? "rebuilt" : "miss", cc->path, bytes, (dol_now_ms() - t0) / 1000.0);
 }
 
 /* Convert every weight in checkpoint order (layer by layer), each tensor's
@@ -266,16 +401,50 @@ static int load_weights(cpu_engine *e, const dol_model *model, const dol_engine_
     const double t0 = dol_now_ms();
     double last_log = t0;
     int rc = 0;
-    if (n > 0) dol_model_prefetch(model, it[0].src);
+
+    /* the prepared-weights cache: on a hit the linear layers point into
+     * its mapping and only the norms are read from the checkpoint */
+    cache_ctx cc = { .on = p->weights_cache_dir && p->weights_cache_dir[0] };
+    bool hit = false;
+    if (cc.on) {
+        cc.arr = calloc((size_t)n * 2, sizeof *cc.arr);
+        if (!cc.arr) {
+            free(it);
+            dol_set_err(err, errlen, "engine: out of memory while preparing weights");
+            return -1;
+        }
+        for (int i = 0; i < n; i++) {
+            if (!it[i].lin) continue;
+            size_t sz[2];
+            int k = linear_arrays(it[i].fmt, it[i].src, sz);
+            for (int j = 0; j < k; j++) cc.arr[cc.n_arr++].size = sz[j];
+        }
+        hit = cache_lookup(e, model, p, &cc);
+    }
+
+    int ai = 0;   /* next array of cc.arr */
+    if (n > 0 && !(hit && it[0].lin)) dol_model_prefetch(model, it[0].src);
     for (int i = 0; i < n && rc == 0; i++) {
-        if (i + 1 < n) dol_model_prefetch(model, it[i + 1].src);
+        if (i + 1 < n && !(hit && it[i + 1].lin)) dol_model_prefetch(model, it[i + 1].src);
         if (it[i].norm) {
             if (!(*it[i].norm = norm_f32(e, it[i].src))) {
                 dol_set_err(err, errlen, "engine: out of memory while preparing weights");
                 rc = -1;
             }
+        } else if (hit) {
+            void *from[2] = { cc.arr[ai].ptr, ai + 1 < cc.n_arr ? cc.arr[ai + 1].ptr : NULL };
+            size_t sz[2];
+            ai += linear_arrays(it[i].fmt, it[i].src, sz);
+            rc = prep_linear(e, it[i].fmt, it[i].src, it[i].lin, from, it[i].what, err, errlen);
+            done += tensor_bytes(it[i].src);
+            continue;   /* the checkpoint's pages of this one were never read */
         } else {
-            rc = prep_linear(e, it[i].fmt, it[i].src, it[i].lin, it[i].what, err, errlen);
+            rc = prep_linear(e, it[i].fmt, it[i].src, it[i].lin, NULL, it[i].what, err, errlen);
+            if (rc == 0 && cc.on) {
+                void *ptr[2];
+                int k = linear_ptrs(it[i].lin, ptr);
+                for (int j = 0; j < k; j++) cc.arr[ai++].ptr = ptr[j];
+            }
         }
         /* the embedding is read in place: a tied lm_head leaves its pages
          * to fault back in row by row */
@@ -288,6 +457,8 @@ static int load_weights(cpu_engine *e, const dol_model *model, const dol_engine_
             last_log = now;
         }
     }
+    if (rc == 0 && cc.on && !hit) cache_store(e, &cc);
+    free(cc.arr);
     if (rc == 0) {
         const double s = (dol_now_ms() - t0) / 1000.0;
         dol_log(DOL_LOG_INFO, "weights_prepared",
@@ -468,6 +639,7 @@ static void cpu_destroy(void *impl)
     if (!e) return;
     dol_pool_free(e->pool);
     for (int i = 0; i < e->n_owned; i++) free(e->owned[i]);
+    dol_wcache_close(e->wcache);
     free(e->owned);
     free(e->L);
     free(e->kv_pool);

@@ -18,6 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #define CONFIG_NAME "config.json"
 #define WEIGHTS_NAME "model.safetensors"
 #define INDEX_NAME "model.safetensors.index.json"
@@ -782,4 +784,78 @@ size_t dol_model_release(const dol_model *m, const dol_tensor *t)
     /* read-only private file mapping never written: the pages are the page
      * cache's, so dropping them loses nothing */
     return madvise((void *)a, b - a, MADV_DONTNEED) == 0 ? (size_t)(b - a) : 0;
+}
+
+/* ----------------------------------------------------------------------------
+ * source digest */
+
+static void digest_u64(EVP_MD_CTX *ctx, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i)); /* little-endian, any host */
+    EVP_DigestUpdate(ctx, b, sizeof b);
+}
+
+/* A small text file's length and bytes into ctx; absent (ENOENT) is
+ * hashed as length UINT64_MAX when `optional`. */
+static int digest_file(EVP_MD_CTX *ctx, const char *dir, const char *fname, bool optional,
+                       char *err, size_t errlen)
+{
+    char path[2048];
+    snprintf(path, sizeof path, "%s/%s", dir, fname);
+    struct stat st;
+    if (optional && stat(path, &st) != 0 && errno == ENOENT) {
+        digest_u64(ctx, UINT64_MAX);
+        return 0;
+    }
+    size_t len = 0;
+    char *buf = read_text_file(path, fname, &len, err, errlen);
+    if (!buf) return -1;
+    digest_u64(ctx, len);
+    EVP_DigestUpdate(ctx, buf, len);
+    free(buf);
+    return 0;
+}
+
+int dol_model_source_digest(const dol_model *m, uint8_t out[32], char *err, size_t errlen)
+{
+    const model_priv *p = m->priv;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    int rc = -1;
+    if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+        dol_set_err(err, errlen, "%s: cannot start a SHA-256 digest", m->dir);
+        goto done;
+    }
+    if (digest_file(ctx, m->dir, CONFIG_NAME, false, err, errlen) != 0) goto named;
+    if (digest_file(ctx, m->dir, INDEX_NAME, true, err, errlen) != 0) goto named;
+    digest_u64(ctx, (uint64_t)p->n_files);
+    for (int i = 0; i < p->n_files; i++) {
+        const dol_st_file *f = &p->files[i];
+        struct stat st;
+        if (stat(f->path, &st) != 0) {
+            dol_set_err(err, errlen, "%s: cannot stat: %s", f->fname, strerror(errno));
+            goto named;
+        }
+        digest_u64(ctx, strlen(f->fname));
+        EVP_DigestUpdate(ctx, f->fname, strlen(f->fname));
+        digest_u64(ctx, (uint64_t)st.st_size);
+        digest_u64(ctx, (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec);
+        /* the JSON header: the bytes between the 8-byte length and the data */
+        const uint8_t *h = (const uint8_t *)f->map + 8;
+        digest_u64(ctx, (uint64_t)(f->data - h));
+        EVP_DigestUpdate(ctx, h, (size_t)(f->data - h));
+    }
+    unsigned len = 0;
+    if (EVP_DigestFinal_ex(ctx, out, &len) != 1 || len != 32) {
+        dol_set_err(err, errlen, "%s: SHA-256 digest failed", m->dir);
+        goto done;
+    }
+    rc = 0;
+    goto done;
+named:
+    name_in_dir(m->dir, err, errlen);
+    one_line(err, errlen);
+done:
+    EVP_MD_CTX_free(ctx);
+    return rc;
 }

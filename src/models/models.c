@@ -371,6 +371,7 @@ static int load_objects(dol_models *m, const dol_model_entry *me, objects *o, ch
     ep.gpu_layers_set = me->gpu_layers >= 0;
     ep.gpu_layers = me->gpu_layers;
     ep.no_host_spill = !me->allow_host_spill;
+    ep.weights_cache_dir = me->weights_cache_dir;
     int erc = dol_engine_create(o->model, &ep, &o->engine, err, errlen);
     if (erc != 0) {
         if (erc == -2) *config_error = true;   /* a placement setting at fault: exit 2 */

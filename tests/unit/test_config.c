@@ -32,7 +32,7 @@ static const char *const KEYS[] = {
     "kv_cache_bytes", "kv_block_size", "prefix_caching", "prefill_chunk", "api_keys",
     "default_priority", "drain_timeout_s", "vram_unready_ratio",
     "vram_unready_after_s", "log_level", "warmup", "max_loaded_models", "memory_budget_bytes",
-    "load_timeout_s", "load_retry_s",
+    "load_timeout_s", "load_retry_s", "weights_cache_dir",
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
