@@ -312,8 +312,9 @@ static bool cache_lookup(cpu_engine *e, const dol_model *model, const dol_engine
     char layout[256], err[DOL_ERR_LEN];
     cache_layout(e, p, layout, sizeof layout);
     if (dol_wcache_key(model, layout, cc->key, err, sizeof err) != 0) {
-        dol_log(DOL_LOG_WARN, "weights_cache_off", "dir=%s reason=\"%s\"", p->weights_cache_dir,
-                err);
+        char q[DOL_ERR_LEN + 16];
+        dol_log(DOL_LOG_WARN, "weights_cache_off", "dir=%s reason=%s", p->weights_cache_dir,
+                dol_log_quote(err, q, sizeof q));
         cc->on = false;
         return false;
     }
@@ -327,8 +328,9 @@ static bool cache_lookup(cpu_engine *e, const dol_model *model, const dol_engine
         return true;
     }
     if (rc < 0) {
-        dol_log(DOL_LOG_WARN, "weights_cache_invalid", "path=%s reason=\"%s\" action=rebuild",
-                cc->path, err);
+        char q[DOL_ERR_LEN + 16];
+        dol_log(DOL_LOG_WARN, "weights_cache_invalid", "path=%s reason=%s action=rebuild",
+                cc->path, dol_log_quote(err, q, sizeof q));
         (void)unlink(cc->path);
         cc->found_bad = true;
     }
@@ -344,8 +346,9 @@ static void cache_store(cpu_engine *e, cache_ctx *cc)
     const double t0 = dol_now_ms();
     if (dol_wcache_write(cc->path, cc->key, cc->arr, cc->n_arr, e->pool, &bytes, err,
                          sizeof err) != 0) {
-        dol_log(DOL_LOG_WARN, "weights_cache_write_failed", "path=%s reason=\"%s\"", cc->path,
-                err);
+        char q[DOL_ERR_LEN + 16];
+        dol_log(DOL_LOG_WARN, "weights_cache_write_failed", "path=%s reason=%s", cc->path,
+                dol_log_quote(err, q, sizeof q));
         return;
     }
     dol_log(DOL_LOG_INFO, "weights_cache", "result=%s path=%s bytes=%zu seconds=%.3f",

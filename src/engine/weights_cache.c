@@ -263,6 +263,7 @@ int dol_wcache_write(const char *path, const uint8_t key[32], const dol_wcache_a
         what = "prepare";
         goto done;
     }
+    (void)mkdir(dir, 0755);   /* the folder itself, one level, when missing */
     fd = mkstemp(tmp);
     if (fd < 0) {
         what = "create a temporary file";

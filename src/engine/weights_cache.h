@@ -61,8 +61,8 @@ size_t dol_wcache_bytes(const dol_wcache *c);
 
 void dol_wcache_close(dol_wcache *c);
 
-/* Write the n arrays under key to path atomically: a temporary file in the
- * same directory, fsync, rename over path, fsync of the directory; two
+/* Write the n arrays under key to path atomically (the folder is created
+ * when missing, one level): a temporary file in the same directory, fsync, rename over path, fsync of the directory; two
  * writers at once each rename a whole file. Hashes are computed on pool.
  * 0 with *bytes the file size, or -1 with one line in err (the temporary
  * file is removed). */
