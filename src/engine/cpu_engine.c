@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "engine/cpu_kernels.h"
 #include "engine/cpu_ops.h"
@@ -281,17 +282,53 @@ static size_t tensor_bytes(const dol_tensor *t)
 
 /* ---- the prepared-weights cache (weights_cache.h) ------------------------ */
 
+/* A fingerprint of the conversion code: the XXH3 of what prep_linear makes
+ * of a fixed 9 x 128 probe matrix of dtype dt under fmt, so that a build
+ * whose packing or quantizers write other bytes never reads an older
+ * build's cache. 0 when the probe cannot be converted. */
+static uint64_t conversion_probe(cpu_engine *e, dol_weight_format fmt, dol_dtype dt)
+{
+    enum { R = 9, C = 128 };
+    static float f[R * C];
+    static uint16_t h[R * C];
+    uint32_t s = 0x9e3779b9u;
+    for (int i = 0; i < R * C; i++) {
+        s = s * 1664525u + 1013904223u;
+        f[i] = (float)((int32_t)(s >> 8) - (1 << 23)) / (float)(1 << 23);
+        h[i] = dt == DOL_DTYPE_BF16 ? dol_f32_to_bf16(f[i]) : dol_f32_to_f16(f[i]);
+    }
+    dol_tensor t = { .rows = R, .cols = C, .dtype = dt,
+                     .data = dt == DOL_DTYPE_F32 ? (const void *)f : (const void *)h };
+    cpu_engine scratch = { .pool = e->pool };
+    linear_w w = {0};
+    char err[DOL_ERR_LEN];
+    uint64_t fp = 0;
+    if (prep_linear(&scratch, fmt, &t, &w, NULL, "probe", err, sizeof err) == 0) {
+        size_t sz[2];
+        void *ptr[2];
+        int k = linear_arrays(fmt, &t, sz);
+        if (linear_ptrs(&w, ptr) == k)
+            for (int j = 0; j < k; j++) fp ^= XXH3_64bits_withSeed(ptr[j], sz[j], (uint64_t)j);
+    }
+    for (int i = 0; i < scratch.n_owned; i++) free(scratch.owned[i]);
+    free(scratch.owned);
+    return fp;
+}
+
 /* What decides the bytes of the cached arrays besides the checkpoint: the
  * layouts (one packed layout serves every kernel set, cpu_kernels.h), the
- * formats and the layer range. */
-static void cache_layout(const cpu_engine *e, const dol_engine_params *p, char *buf, size_t n)
+ * formats, the layer range, and the conversion code itself (its output for
+ * a probe matrix in the checkpoint's dtype). */
+static void cache_layout(cpu_engine *e, const dol_engine_params *p, dol_dtype dt,
+                         dol_weight_format head_fmt, char *buf, size_t n)
 {
     snprintf(buf, n,
              "cpu pack_rows=%d pack_k=%d nf4_block=%d q8_block=%d weights=%d "
-             "quantize_lm_head=%d layers=%d+%d embed=%d head=%d",
+             "quantize_lm_head=%d layers=%d+%d embed=%d head=%d probe=%016llx.%016llx",
              DOL_PACK_ROWS, DOL_PACK_K, DOL_NF4_BLOCK, DOL_Q8_BLOCK, (int)p->weights,
              p->quantize_lm_head ? 1 : 0, e->l0, e->c.n_layers, e->has_embed ? 1 : 0,
-             e->has_head ? 1 : 0);
+             e->has_head ? 1 : 0, (unsigned long long)conversion_probe(e, p->weights, dt),
+             (unsigned long long)conversion_probe(e, head_fmt, dt));
 }
 
 typedef struct {
@@ -307,10 +344,10 @@ typedef struct {
  * in e->wcache). A file that is there but unusable is named in one warning
  * and removed, to be written again after the conversion. */
 static bool cache_lookup(cpu_engine *e, const dol_model *model, const dol_engine_params *p,
-                         cache_ctx *cc)
+                         dol_dtype dt, dol_weight_format head_fmt, cache_ctx *cc)
 {
-    char layout[256], err[DOL_ERR_LEN];
-    cache_layout(e, p, layout, sizeof layout);
+    char layout[320], err[DOL_ERR_LEN];
+    cache_layout(e, p, dt, head_fmt, layout, sizeof layout);
     if (dol_wcache_key(model, layout, cc->key, err, sizeof err) != 0) {
         char q[DOL_ERR_LEN + 16];
         dol_log(DOL_LOG_WARN, "weights_cache_off", "dir=%s reason=%s", p->weights_cache_dir,
@@ -422,7 +459,14 @@ static int load_weights(cpu_engine *e, const dol_model *model, const dol_engine_
             int k = linear_arrays(it[i].fmt, it[i].src, sz);
             for (int j = 0; j < k; j++) cc.arr[cc.n_arr++].size = sz[j];
         }
-        hit = cache_lookup(e, model, p, &cc);
+        dol_dtype dt = DOL_DTYPE_F32;
+        dol_weight_format head_fmt = p->weights;
+        for (int i = n - 1; i >= 0; i--)
+            if (it[i].lin) {
+                dt = it[i].src->dtype;
+                if (e->has_head && it[i].lin == &e->lm_head) head_fmt = it[i].fmt;
+            }
+        hit = cache_lookup(e, model, p, dt, head_fmt, &cc);
     }
 
     int ai = 0;   /* next array of cc.arr */
