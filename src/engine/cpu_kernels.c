@@ -759,6 +759,41 @@ static void k_nf4_rows(float *out, const float *x, int T, const dol_nf4_matrix *
 #endif
 }
 
+/* Rows n .. n+m-1 of W (K a whole number of NF4 blocks) dequantized into
+ * tile: in the packed layout (cpu_kernels.h), rows past m up to the next
+ * multiple of DOL_PACK_ROWS zero, or row-major [m][K]. Each weight exactly
+ * level x scale, as dol_nf4_dequantize_block gives it (nf4_decode in the
+ * SIMD variants). */
+static void k_nf4_panel(const dol_nf4_matrix *W, int n, int m, bool packed, float *tile)
+{
+    const int64_t K = W->cols, bpr = W->blocks_per_row;
+    const int64_t chunk = packed ? DOL_PACK_ROWS * DOL_PACK_K : DOL_PACK_K;
+    const int padded = packed ? (m + DOL_PACK_ROWS - 1) / DOL_PACK_ROWS * DOL_PACK_ROWS : m;
+    for (int r = 0; r < padded; r++) {
+        float *row = packed ? tile + (size_t)(r / DOL_PACK_ROWS) * DOL_PACK_ROWS * (size_t)K +
+                                  (size_t)(r % DOL_PACK_ROWS) * DOL_PACK_K
+                            : tile + (size_t)r * (size_t)K;
+        for (int64_t b = 0; b < bpr; b++) {
+            float *dst = row + (size_t)b * (DOL_NF4_BLOCK / DOL_PACK_K) * chunk;
+            float w[DOL_NF4_BLOCK];
+            if (r >= m) {
+                memset(w, 0, sizeof w);
+            } else {
+#ifdef DOL_SIMD
+                const nf4_lut lut = nf4_lut_make(W->scales[(n + r) * bpr + b]);
+                const uint8_t *codes = W->codes + (n + r) * (K / 2) + b * (DOL_NF4_BLOCK / 2);
+                for (int s = 0; s < DOL_NF4_BLOCK / DOL_SIMD; s++)
+                    v_store(w + s * DOL_SIMD, nf4_decode(codes, s, lut));
+#else
+                dol_nf4_dequantize_block(W, n + r, b, w);
+#endif
+            }
+            for (int q = 0; q < DOL_NF4_BLOCK / DOL_PACK_K; q++)
+                memcpy(dst + (size_t)q * chunk, w + q * DOL_PACK_K, sizeof(float) * DOL_PACK_K);
+        }
+    }
+}
+
 /* ---- matrix product over Q8_0 (int8) weights ----------------------------- */
 
 static int q8_dequant_block(const void *W, int64_t row, int64_t b, float *out)
@@ -1185,6 +1220,38 @@ static void k_attn_head_h(const float *q, int hd, int n, const uint16_t *k_base,
                 sc, out);
 }
 
+/* The same for Q8_0 weights (K a whole number of Q8_0 blocks): each weight
+ * exactly q x d, as dol_q8_dequantize_block gives it (q8_decode). */
+static void k_q8_panel(const dol_q8_matrix *W, int n, int m, bool packed, float *tile)
+{
+    const int64_t K = W->cols, bpr = W->blocks_per_row;
+    const int64_t chunk = packed ? DOL_PACK_ROWS * DOL_PACK_K : DOL_PACK_K;
+    const int padded = packed ? (m + DOL_PACK_ROWS - 1) / DOL_PACK_ROWS * DOL_PACK_ROWS : m;
+    for (int r = 0; r < padded; r++) {
+        float *row = packed ? tile + (size_t)(r / DOL_PACK_ROWS) * DOL_PACK_ROWS * (size_t)K +
+                                  (size_t)(r % DOL_PACK_ROWS) * DOL_PACK_K
+                            : tile + (size_t)r * (size_t)K;
+        for (int64_t b = 0; b < bpr; b++) {
+            float *dst = row + (size_t)b * (DOL_Q8_BLOCK / DOL_PACK_K) * chunk;
+            float w[DOL_Q8_BLOCK];
+            if (r >= m) {
+                memset(w, 0, sizeof w);
+            } else {
+#ifdef DOL_SIMD
+                const vecf d = v_set1(_cvtsh_ss(W->scales[(n + r) * bpr + b]));
+                const int8_t *q = W->quants + (n + r) * K + b * DOL_Q8_BLOCK;
+                for (int s = 0; s < DOL_Q8_BLOCK / DOL_SIMD; s++)
+                    v_store(w + s * DOL_SIMD, q8_decode(q + s * DOL_SIMD, d));
+#else
+                dol_q8_dequantize_block(W, n + r, b, w);
+#endif
+            }
+            for (int q = 0; q < DOL_Q8_BLOCK / DOL_PACK_K; q++)
+                memcpy(dst + (size_t)q * chunk, w + q * DOL_PACK_K, sizeof(float) * DOL_PACK_K);
+        }
+    }
+}
+
 /* ---- the table ------------------------------------------------------------ */
 
 const dol_cpu_kernels DOL_CAT(dol_cpu_kernels_, DOL_CPU_VARIANT) = {
@@ -1199,6 +1266,8 @@ const dol_cpu_kernels DOL_CAT(dol_cpu_kernels_, DOL_CPU_VARIANT) = {
     .matmul_packed_rows = k_matmul_packed_rows,
     .nf4_rows = k_nf4_rows,
     .q8_rows = k_q8_rows,
+    .nf4_panel = k_nf4_panel,
+    .q8_panel = k_q8_panel,
     .rmsnorm = k_rmsnorm,
     .rope = k_rope,
     .silu_mul = k_silu_mul,

@@ -31,6 +31,7 @@
 #define DOLPHIN_ENGINE_CPU_KERNELS_H
 
 #include "dolphin/model.h"
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -75,6 +76,17 @@ typedef struct dol_cpu_kernels {
      * 32-weight blocks in k order into the accumulator, the horizontal sum,
      * then the short last block (K % 32 weights) in scalar k order. */
     void (*q8_rows)(float *out, const float *x, int T, const dol_q8_matrix *W, int n0, int n1);
+
+    /* Rows n .. n+m-1 of W dequantized into tile, each weight exactly as
+     * dol_nf4_dequantize_block / dol_q8_dequantize_block give it: packed,
+     * [ceil(m / DOL_PACK_ROWS) * DOL_PACK_ROWS][K] f32 in the packed layout
+     * below (the rows past m zero); else row-major [m][K] f32. K = W->cols
+     * must be a whole number of blocks (and a block a whole number of
+     * DOL_PACK_K chunks): then matmul_packed_rows / matmul_rows over the
+     * tile give nf4_rows' / q8_rows' bits, which is how products of several
+     * rows of x run (cpu_ops.c). */
+    void (*nf4_panel)(const dol_nf4_matrix *W, int n, int m, bool packed, float *tile);
+    void (*q8_panel)(const dol_q8_matrix *W, int n, int m, bool packed, float *tile);
 
     /* Element-wise kernels, as documented in cpu_ops.h
      * (dol_cpu_rmsnorm_rows, dol_cpu_rope, dol_cpu_silu_mul); the same

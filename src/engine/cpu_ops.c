@@ -139,67 +139,64 @@ typedef struct {
 } fused_job;
 
 /* Rows of x from which an NF4 product dequantizes its weights once per
- * panel group (below) instead of decoding them in registers per tile of x;
- * rows of W per group (four 4-row panels: the packed kernel's streams). */
-#define NF4_PANEL_MIN_T 8
-#define NF4_PANEL_ROWS 16
+ * group of rows of W (below) instead of decoding them in registers per tile
+ * of x (Q8_0: from QUANT_PACKED_MIN_T on; below, q8_rows decodes once per
+ * tile itself); from QUANT_PACKED_MIN_T rows the group is packed for the
+ * prefill kernel, below it stays row-major for the decode tiles. Rows of W
+ * per group: four 4-row panels, the packed kernel's streams. */
+#define QUANT_PANEL_MIN_T 5
+#define QUANT_PACKED_MIN_T 16
+#define QUANT_PANEL_ROWS 16
+#define QUANT_ROWMAJOR_ROWS 4   /* a group the decode tiles read from L1 */
 
-/* The NF4 product for prefill-sized T: each group of NF4_PANEL_ROWS rows of
- * W is dequantized once into an F32 tile in the packed layout
+/* The NF4 / Q8_0 product for batch- and prefill-sized T: each group of
+ * QUANT_PANEL_ROWS rows of W is dequantized once (the kernel set's
+ * nf4_panel / q8_panel, SIMD) into an F32 tile in the packed layout
  * (cpu_kernels.h), which the packed F32 kernel then runs against all T rows
- * of x. Each element is still x[k] * (level x scale) accumulated lane by
- * lane in k order and summed as nf4_rows sums it (K a multiple of the NF4
- * block, see nf4_panel_ok), so the bits are nf4_rows' and outputs stay
+ * of x. Each element is still x[k] * (dequantized weight) accumulated lane
+ * by lane in k order and summed as nf4_rows / q8_rows sum it (K whole
+ * blocks, see panel_ok), so the bits are theirs and outputs stay
  * batch-invariant. Returns -1 (nothing done) when the tile cannot be had. */
-static int nf4_rows_panel(const fused_job *j, const dol_nf4_matrix *W, float *out, int n0, int n1)
+static int quant_rows_panel(const fused_job *j, const dol_cpu_weight *w, float *out, int n0,
+                            int n1)
 {
-    const int K = (int)W->cols, N = (int)W->rows;
-    float *tile = malloc(sizeof(float) * (size_t)NF4_PANEL_ROWS * (size_t)K);
+    const int K = j->K, N = w->N;
+    const bool packed = j->T >= QUANT_PACKED_MIN_T;
+    float *tile = malloc(sizeof(float) * (size_t)QUANT_PANEL_ROWS * (size_t)K);
     if (!tile) return -1;
-    float blk[DOL_NF4_BLOCK];
-    for (int n = n0; n < n1; n += NF4_PANEL_ROWS) {
-        const int m = n1 - n < NF4_PANEL_ROWS ? n1 - n : NF4_PANEL_ROWS;
-        const int padded = (m + DOL_PACK_ROWS - 1) / DOL_PACK_ROWS * DOL_PACK_ROWS;
-        for (int r = 0; r < padded; r++) {
-            float *panel = tile + (size_t)(r / DOL_PACK_ROWS) * DOL_PACK_ROWS * (size_t)K +
-                           (size_t)(r % DOL_PACK_ROWS) * DOL_PACK_K;
-            for (int64_t b = 0; b < W->blocks_per_row; b++) {
-                if (r < m) dol_nf4_dequantize_block(W, n + r, b, blk);
-                else memset(blk, 0, sizeof blk);
-                for (int q = 0; q < DOL_NF4_BLOCK / DOL_PACK_K; q++)
-                    memcpy(panel + ((size_t)b * (DOL_NF4_BLOCK / DOL_PACK_K) + (size_t)q) *
-                                       DOL_PACK_ROWS * DOL_PACK_K,
-                           blk + q * DOL_PACK_K, sizeof(float) * DOL_PACK_K);
-            }
-        }
-        /* the tile holds the packed rows n .. n+m-1 of W: the kernel finds
-         * panel p at Wp + p * DOL_PACK_ROWS * K, so it is given the address
-         * where a whole packed W would start (never read below the tile) */
+    const int group = packed ? QUANT_PANEL_ROWS : QUANT_ROWMAJOR_ROWS;
+    for (int n = n0; n < n1; n += group) {
+        const int m = n1 - n < group ? n1 - n : group;
+        if (w->nf4) j->k->nf4_panel(w->nf4, n, m, packed, tile);
+        else j->k->q8_panel(w->q8, n, m, packed, tile);
+        /* the tile holds rows n .. n+m-1 of W: the kernels find row (or
+         * panel) r at W + r * K, so they are given the address where a whole
+         * W would start (never read below the tile) */
         const void *wp = (const void *)((uintptr_t)tile - (uintptr_t)n * (uintptr_t)K * sizeof(float));
-        j->k->matmul_packed_rows(out, j->x, j->T, K, wp, DOL_DTYPE_F32, N, n, n + m);
+        if (packed) j->k->matmul_packed_rows(out, j->x, j->T, K, wp, DOL_DTYPE_F32, N, n, n + m);
+        else j->k->matmul_rows(out, j->x, j->T, K, wp, DOL_DTYPE_F32, N, n, n + m);
     }
     free(tile);
     return 0;
 }
 
-/* Whether nf4_rows_panel gives nf4_rows' bits: K whole NF4 blocks, and
- * whole chunks of the packed layout. */
-static bool nf4_panel_ok(const dol_nf4_matrix *W)
+/* Whether quant_rows_panel gives the in-register product's bits: K whole
+ * blocks, blocks of whole chunks of the packed layout, and T large enough
+ * for the tile to pay (n0 is always a multiple of 16: fused_run). */
+static bool panel_ok(const fused_job *j, const dol_cpu_weight *w)
 {
-    return W->cols % DOL_NF4_BLOCK == 0 && DOL_NF4_BLOCK % DOL_PACK_K == 0;
+    if (j->T < (w->q8 ? QUANT_PACKED_MIN_T : QUANT_PANEL_MIN_T)) return false;
+    if (w->nf4) return w->nf4->cols % DOL_NF4_BLOCK == 0 && DOL_NF4_BLOCK % DOL_PACK_K == 0;
+    if (w->q8) return w->q8->cols % DOL_Q8_BLOCK == 0 && DOL_Q8_BLOCK % DOL_PACK_K == 0;
+    return false;
 }
 
 static void rows_of(const fused_job *j, int i, float *out, int n0, int n1)
 {
     const dol_cpu_weight *w = j->W[i];
-    if (w->q8) {
-        j->k->q8_rows(out, j->x, j->T, w->q8, n0, n1);
-        return;
-    }
-    if (w->nf4 && j->T >= NF4_PANEL_MIN_T && nf4_panel_ok(w->nf4) &&
-        nf4_rows_panel(j, w->nf4, out, n0, n1) == 0)
-        return;
-    if (w->nf4) j->k->nf4_rows(out, j->x, j->T, w->nf4, n0, n1);
+    if (panel_ok(j, w) && quant_rows_panel(j, w, out, n0, n1) == 0) return;
+    if (w->q8) j->k->q8_rows(out, j->x, j->T, w->q8, n0, n1);
+    else if (w->nf4) j->k->nf4_rows(out, j->x, j->T, w->nf4, n0, n1);
     else if (w->packed) j->k->matmul_packed_rows(out, j->x, j->T, j->K, w->w, w->wtype, w->N, n0, n1);
     else j->k->matmul_rows(out, j->x, j->T, j->K, w->w, w->wtype, w->N, n0, n1);
 }
