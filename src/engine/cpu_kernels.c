@@ -759,6 +759,29 @@ static void k_nf4_rows(float *out, const float *x, int T, const dol_nf4_matrix *
 #endif
 }
 
+/* The tiles of nf4_panel / q8_panel (cpu_kernels.h): rows to fill (packed:
+ * up to a whole panel), where row r starts, and a dequantized block b of
+ * `block` weights stored into row `row` as DOL_PACK_K-weight chunks. */
+static inline int tile_rows(int m, bool packed)
+{
+    return packed ? (m + DOL_PACK_ROWS - 1) / DOL_PACK_ROWS * DOL_PACK_ROWS : m;
+}
+
+static inline float *tile_row(float *tile, int64_t K, int r, bool packed)
+{
+    if (!packed) return tile + (size_t)r * (size_t)K;
+    return tile + (size_t)(r / DOL_PACK_ROWS) * DOL_PACK_ROWS * (size_t)K +
+           (size_t)(r % DOL_PACK_ROWS) * DOL_PACK_K;
+}
+
+static inline void tile_put_block(float *row, int64_t b, int block, bool packed, const float *w)
+{
+    const size_t chunk = packed ? DOL_PACK_ROWS * DOL_PACK_K : DOL_PACK_K;
+    float *dst = row + (size_t)b * (size_t)(block / DOL_PACK_K) * chunk;
+    for (int q = 0; q < block / DOL_PACK_K; q++)
+        memcpy(dst + (size_t)q * chunk, w + q * DOL_PACK_K, sizeof(float) * DOL_PACK_K);
+}
+
 /* Rows n .. n+m-1 of W (K a whole number of NF4 blocks) dequantized into
  * tile: in the packed layout (cpu_kernels.h), rows past m up to the next
  * multiple of DOL_PACK_ROWS zero, or row-major [m][K]. Each weight exactly
@@ -767,14 +790,9 @@ static void k_nf4_rows(float *out, const float *x, int T, const dol_nf4_matrix *
 static void k_nf4_panel(const dol_nf4_matrix *W, int n, int m, bool packed, float *tile)
 {
     const int64_t K = W->cols, bpr = W->blocks_per_row;
-    const int64_t chunk = packed ? DOL_PACK_ROWS * DOL_PACK_K : DOL_PACK_K;
-    const int padded = packed ? (m + DOL_PACK_ROWS - 1) / DOL_PACK_ROWS * DOL_PACK_ROWS : m;
-    for (int r = 0; r < padded; r++) {
-        float *row = packed ? tile + (size_t)(r / DOL_PACK_ROWS) * DOL_PACK_ROWS * (size_t)K +
-                                  (size_t)(r % DOL_PACK_ROWS) * DOL_PACK_K
-                            : tile + (size_t)r * (size_t)K;
+    for (int r = 0; r < tile_rows(m, packed); r++) {
+        float *row = tile_row(tile, K, r, packed);
         for (int64_t b = 0; b < bpr; b++) {
-            float *dst = row + (size_t)b * (DOL_NF4_BLOCK / DOL_PACK_K) * chunk;
             float w[DOL_NF4_BLOCK];
             if (r >= m) {
                 memset(w, 0, sizeof w);
@@ -788,8 +806,7 @@ static void k_nf4_panel(const dol_nf4_matrix *W, int n, int m, bool packed, floa
                 dol_nf4_dequantize_block(W, n + r, b, w);
 #endif
             }
-            for (int q = 0; q < DOL_NF4_BLOCK / DOL_PACK_K; q++)
-                memcpy(dst + (size_t)q * chunk, w + q * DOL_PACK_K, sizeof(float) * DOL_PACK_K);
+            tile_put_block(row, b, DOL_NF4_BLOCK, packed, w);
         }
     }
 }
@@ -1225,14 +1242,9 @@ static void k_attn_head_h(const float *q, int hd, int n, const uint16_t *k_base,
 static void k_q8_panel(const dol_q8_matrix *W, int n, int m, bool packed, float *tile)
 {
     const int64_t K = W->cols, bpr = W->blocks_per_row;
-    const int64_t chunk = packed ? DOL_PACK_ROWS * DOL_PACK_K : DOL_PACK_K;
-    const int padded = packed ? (m + DOL_PACK_ROWS - 1) / DOL_PACK_ROWS * DOL_PACK_ROWS : m;
-    for (int r = 0; r < padded; r++) {
-        float *row = packed ? tile + (size_t)(r / DOL_PACK_ROWS) * DOL_PACK_ROWS * (size_t)K +
-                                  (size_t)(r % DOL_PACK_ROWS) * DOL_PACK_K
-                            : tile + (size_t)r * (size_t)K;
+    for (int r = 0; r < tile_rows(m, packed); r++) {
+        float *row = tile_row(tile, K, r, packed);
         for (int64_t b = 0; b < bpr; b++) {
-            float *dst = row + (size_t)b * (DOL_Q8_BLOCK / DOL_PACK_K) * chunk;
             float w[DOL_Q8_BLOCK];
             if (r >= m) {
                 memset(w, 0, sizeof w);
@@ -1246,8 +1258,7 @@ static void k_q8_panel(const dol_q8_matrix *W, int n, int m, bool packed, float 
                 dol_q8_dequantize_block(W, n + r, b, w);
 #endif
             }
-            for (int q = 0; q < DOL_Q8_BLOCK / DOL_PACK_K; q++)
-                memcpy(dst + (size_t)q * chunk, w + q * DOL_PACK_K, sizeof(float) * DOL_PACK_K);
+            tile_put_block(row, b, DOL_Q8_BLOCK, packed, w);
         }
     }
 }
