@@ -533,12 +533,17 @@ static size_t mem_available(void)
 /* The default pool, once the weights are held: kv_memory_fraction of the
  * memory still available, at most what max_seqs full contexts use, never
  * less than one full context (docs/configuration.md, kv_cache_memory_fraction).
- * Without /proc/meminfo: max_seqs contexts capped at 1 GiB. */
+ * Weights mapped from the prepared-weights cache are page cache, which
+ * MemAvailable counts as free: they are taken off, or a full pool would
+ * push the weights out of memory. Without /proc/meminfo: max_seqs contexts
+ * capped at 1 GiB. */
 static int64_t default_kv_blocks(const cpu_engine *e, const dol_engine_params *p, int ctx, int bs)
 {
     const size_t per_token = (size_t)e->c.n_layers * 2 * e->kv_dim * e->kv_elem;
     int64_t tokens = (int64_t)p->max_seqs * ctx;
-    const size_t avail = mem_available();
+    size_t avail = mem_available();
+    const size_t mapped = dol_wcache_bytes(e->wcache);
+    if (avail) avail = avail > mapped ? avail - mapped : 1;
     const double frac = p->kv_memory_fraction > 0 ? p->kv_memory_fraction : 0.9;
     int64_t cap = avail ? (int64_t)(frac * (double)avail / (double)per_token)
                         : ((int64_t)1 << 30) / (int64_t)per_token;
