@@ -888,6 +888,11 @@ static int load_models(dol_config *c, yaml_document_t *doc, yaml_node_t *val,
             return -1;
         }
         if (!e->name[0]) path_basename(e->path, e->name, sizeof e->name);
+        if (!e->name[0]) {   /* a path such as "/" names no directory */
+            dol_set_err(err, errlen, "%s:%zu: field %s.name: missing, and path '%s' has no "
+                        "last component to take it from", path, line_of(ent), label, e->path);
+            return -1;
+        }
         entry_label(e, idx, label, sizeof label);
         int who;
         if (id_taken(c->models, idx, -1, e->name, &who)) {
@@ -937,6 +942,11 @@ static int finalize_models(dol_config *c, char *err, size_t errlen)
         snprintf(e->path, sizeof e->path, "%s", c->model);
         if (c->served_model_name[0]) snprintf(e->name, sizeof e->name, "%s", c->served_model_name);
         else path_basename(c->model, e->name, sizeof e->name);
+        if (!e->name[0]) {
+            dol_set_err(err, errlen, "field model (--model): '%s' has no last component to "
+                        "name the model by; set served_model_name", c->model);
+            return -1;
+        }
         c->n_models = 1;
     } else {
         c->n_models = 0;

@@ -998,6 +998,9 @@ static void test_models_bad(void **state)
         {"max_loaded_models: 1\nmodels:\n  - {path: /a, pinned: true}\n  - {path: /b, pinned: true}\n",
          "field max_loaded_models: 1, fewer than the 2 pinned models"},
         {"max_loaded_models: 0\n", "field max_loaded_models: out of range"},
+        {"models:\n  - name: chat\n    path: /p\n  - path: ////\n",
+         ":4: field models[1].name: missing, and path '////' has no last component"},
+        {"model: /\n", "field model (--model): '/' has no last component"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char err[DOL_ERR_LEN] = "";
