@@ -149,11 +149,12 @@ typedef struct {
 #define QUANT_PANEL_ROWS 16
 #define QUANT_ROWMAJOR_ROWS 4   /* a group the decode tiles read from L1 */
 
-/* The NF4 / Q8_0 product for batch- and prefill-sized T: each group of
- * QUANT_PANEL_ROWS rows of W is dequantized once (the kernel set's
- * nf4_panel / q8_panel, SIMD) into an F32 tile in the packed layout
- * (cpu_kernels.h), which the packed F32 kernel then runs against all T rows
- * of x. Each element is still x[k] * (dequantized weight) accumulated lane
+/* The NF4 / Q8_0 product for batch- and prefill-sized T: each group of rows
+ * of W is dequantized once (the kernel set's nf4_panel / q8_panel, SIMD)
+ * into an F32 tile, which an F32 kernel then runs against all T rows of x:
+ * QUANT_PANEL_ROWS rows in the packed layout (cpu_kernels.h) for the packed
+ * kernel from QUANT_PACKED_MIN_T rows of x, else QUANT_ROWMAJOR_ROWS rows
+ * row-major for matmul_rows. Each element is still x[k] * (dequantized weight) accumulated lane
  * by lane in k order and summed as nf4_rows / q8_rows sum it (K whole
  * blocks, see panel_ok), so the bits are theirs and outputs stay
  * batch-invariant. Returns -1 (nothing done) when the tile cannot be had. */
