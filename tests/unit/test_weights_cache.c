@@ -205,6 +205,24 @@ static void poke(const char *path, long off, const void *bytes, size_t len)
     close(fd);
 }
 
+/* A start over a damaged cache file: one warning naming the file and
+ * `reason`, the file rebuilt, the logits still ref; the next start a hit. */
+static void expect_rebuilt(const dol_model *m, const char *dir, const char *path,
+                           const float *ref, const char *reason)
+{
+    char log[8192];
+    dol_engine *e = open_logged(m, DOL_WEIGHTS_F16, dir, log, sizeof log);
+    assert_non_null(strstr(log, "event=weights_cache_invalid"));
+    assert_non_null(strstr(log, path));
+    assert_non_null(strstr(log, reason));
+    assert_non_null(strstr(log, "event=weights_cache result=rebuilt"));
+    float *l = logits_of(e);
+    assert_memory_equal(l, ref, sizeof(float) * (size_t)dol_engine_vocab_size(e) * N_IDS);
+    free(l);
+    dol_engine_free(e);
+    start_expect(m, DOL_WEIGHTS_F16, dir, ref, "hit");
+}
+
 /* A flipped byte in an array, in the table, a bad magic, a truncated
  * file: each detected (one warning naming the file), rebuilt, and the
  * logits still those of the conversion. */
@@ -228,42 +246,21 @@ static void test_corrupt(void **state)
     close(fd);
     b ^= 0x10;
     poke(path, 4096, &b, 1);
-    char log[8192];
-    dol_engine *e = open_logged(m, DOL_WEIGHTS_F16, dir, log, sizeof log);
-    assert_non_null(strstr(log, "event=weights_cache_invalid"));
-    assert_non_null(strstr(log, path));
-    assert_non_null(strstr(log, "checksum mismatch"));
-    assert_non_null(strstr(log, "event=weights_cache result=rebuilt"));
-    float *l = logits_of(e);
-    assert_memory_equal(l, ref, sizeof(float) * (size_t)dol_engine_vocab_size(e) * N_IDS);
-    free(l);
-    dol_engine_free(e);
-    start_expect(m, DOL_WEIGHTS_F16, dir, ref, "hit");
+    expect_rebuilt(m, dir, path, ref, "checksum mismatch");
 
     /* a byte of the tensor table */
     poke(path, 100, "\xff", 1);
-    e = open_logged(m, DOL_WEIGHTS_F16, dir, log, sizeof log);
-    assert_non_null(strstr(log, "event=weights_cache_invalid"));
-    assert_non_null(strstr(log, "event=weights_cache result=rebuilt"));
-    dol_engine_free(e);
-    start_expect(m, DOL_WEIGHTS_F16, dir, ref, "hit");
+    expect_rebuilt(m, dir, path, ref, "reason=");
 
     /* bad magic */
     poke(path, 0, "NOTDOLPH", 8);
-    e = open_logged(m, DOL_WEIGHTS_F16, dir, log, sizeof log);
-    assert_non_null(strstr(log, "bad magic"));
-    assert_non_null(strstr(log, "event=weights_cache result=rebuilt"));
-    dol_engine_free(e);
-    start_expect(m, DOL_WEIGHTS_F16, dir, ref, "hit");
+    expect_rebuilt(m, dir, path, ref, "bad magic");
 
     /* truncated: the last page gone, then all but the header */
     struct stat st;
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal(truncate(path, st.st_size - 4096), 0);
-    e = open_logged(m, DOL_WEIGHTS_F16, dir, log, sizeof log);
-    assert_non_null(strstr(log, "truncated"));
-    assert_non_null(strstr(log, "event=weights_cache result=rebuilt"));
-    dol_engine_free(e);
+    expect_rebuilt(m, dir, path, ref, "truncated");
     assert_int_equal(truncate(path, 10), 0);
     start_expect(m, DOL_WEIGHTS_F16, dir, ref, "rebuilt");
     start_expect(m, DOL_WEIGHTS_F16, dir, ref, "hit");
