@@ -44,7 +44,7 @@ static int usage(void)
             "                    [--decode N] [--batches 1,8] [--repeat ROUNDS]\n"
             "                    [--sweep A-B] [--sweep-out FILE] [--markdown]\n"
             "                    [--weights auto|f32|f16|nf4|int8] [--quantize-lm-head]\n"
-            "                    [--backend auto|cpu|cuda]\n");
+            "                    [--backend auto|cpu|cuda] [--no-batch-invariant]\n");
     return 2;
 }
 
@@ -674,13 +674,14 @@ int main(int argc, char **argv)
     int batches[MAX_LIST] = { 1, 8 }, n_batches = 2;
     int sweep_a = 0, sweep_b = 0;
     const char *sweep_out = NULL;
-    bool markdown = false, quantize_lm_head = false;
+    bool markdown = false, quantize_lm_head = false, fast_prefill = false;
     dol_weight_format wf = DOL_WEIGHTS_AUTO;
     dol_backend_kind backend = DOL_BACKEND_AUTO;
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i];
         if (!strcmp(o, "--markdown")) { markdown = true; continue; }
         if (!strcmp(o, "--quantize-lm-head")) { quantize_lm_head = true; continue; }
+        if (!strcmp(o, "--no-batch-invariant")) { fast_prefill = true; continue; }
         if (i + 1 >= argc) {
             if (!strncmp(o, "--", 2)) fprintf(stderr, "bench_engine: %s: missing value\n", o);
             return usage();
@@ -760,7 +761,8 @@ int main(int argc, char **argv)
                              .n_threads = threads, .kv_block_size = bs,
                              .kv_cache_tokens = kv_tokens, .max_seqs = max_b + 1,
                              .max_batch_tokens = max_tokens, .context_len = 0,
-                             .weights = wf, .quantize_lm_head = quantize_lm_head };
+                             .weights = wf, .quantize_lm_head = quantize_lm_head,
+                             .fast_prefill = fast_prefill };
     double t0 = dol_now_ms();
     dol_engine *e = NULL;
     if (dol_engine_create(m, &ep, &e, err, sizeof err) != 0) {

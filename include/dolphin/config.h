@@ -119,6 +119,9 @@ typedef struct {
     double memory_high_watermark;/* default 0.80 */
     int64_t kv_cache_tokens;     /* default 0 = derive */
     bool prefix_caching;         /* default true */
+    bool batch_invariant;        /* default true; false: CPU prefill products
+                                    may run in BF16x3 on AMX (faster, not
+                                    bit-identical across batches) */
     int64_t kv_cache_bytes;      /* default 0 = derive */
     dol_kv_dtype kv_cache_dtype; /* auto | f32 | f16 (default auto) */
     double kv_cache_memory_fraction; /* CPU default pool: share of available

@@ -107,6 +107,13 @@ typedef struct {
     int gpu_layers;           /* the first N blocks on the GPU(s), the rest on the CPU */
     bool no_host_spill;       /* refuse to start rather than put blocks on the
                                  CPU that were not asked there ({0}: spill) */
+    bool fast_prefill;        /* CPU: products of 16 or more rows of x (prefill)
+                                 may run in BF16x3 on AMX where the CPU has
+                                 it (src/engine/cpu_amx.h): each product
+                                 within ~2^-16 of the exact one (relative
+                                 to sum |x w|), but outputs are no longer
+                                 batch-invariant bit for bit.
+                                 {0}: off (batch_invariant: true) */
     const char *weights_cache_dir; /* CPU: folder of the prepared-weights cache
                                  (docs/configuration.md); NULL or "" = off.
                                  Read during dol_engine_create only. The CUDA

@@ -198,6 +198,9 @@ static const field FIELDS[] = {
       .def = "16", .metavar = "N", .help = "tokens per KV-cache block" },
     { .name = "prefix_caching", .type = F_BOOL, AT(prefix_caching), .def = "true",
       .help = "keep the K/V of whole prompt blocks for later prompts that start alike" },
+    { .name = "batch_invariant", .type = F_BOOL, AT(batch_invariant), .def = "true",
+      .help = "CPU: every sequence's logits bit-identical in any batch; false lets prefill "
+              "products run in BF16x3 on AMX (faster, not the same bits)" },
     { .name = "prefill_chunk", .type = F_INT, AT(prefill_chunk), .min = 1, .max = NONE,
       .def = "512", .metavar = "N", .help = "most prompt tokens per sequence per step" },
     /* keys and priorities */

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "engine/cpu_amx.h"
 #include "engine/cpu_kernels.h"
 #include "engine/cpu_ops.h"
 #include "engine/kv_blocks.h"
@@ -63,6 +64,8 @@ typedef struct {
     size_t weight_bytes;
     size_t released_bytes;    /* checkpoint pages dropped after conversion */
     dol_wcache *wcache;       /* the prepared-weights cache file mapped, on a hit */
+    dol_cpu_fast fast;        /* BF16x3 scratch (fast_prefill on an AMX CPU) */
+    bool use_fast;
     dol_quant_stats qs;       /* linear layers: formats, sizes, quantization time */
 
     /* paged KV cache: block b holds, for every layer l and KV head h, the
@@ -259,11 +262,13 @@ oom:
     return -1;
 }
 
-/* A linear layer as the fused products of cpu_ops.h read it. */
-static dol_cpu_weight weight_of(const linear_w *w)
+/* A linear layer as the fused products of cpu_ops.h read it (with the
+ * BF16x3 scratch when fast_prefill is on). */
+static dol_cpu_weight weight_of(cpu_engine *e, const linear_w *w)
 {
     return (dol_cpu_weight){ w->w.data, w->w.dtype, w->nf4 ? &w->q : NULL, (int)w->w.rows,
-                             (int)w->w.cols, w->packed, w->q8 ? &w->q8m : NULL };
+                             (int)w->w.cols, w->packed, w->q8 ? &w->q8m : NULL,
+                             e->use_fast ? &e->fast : NULL };
 }
 
 /* One tensor of the load plan: a norm (to f32) or a linear layer. */
@@ -668,6 +673,19 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
     e->scores = xcalloc((size_t)threads * e->scores_stride, sizeof(float), &fail);
     e->tok_run = xcalloc(T + 1, sizeof(int), &fail);
     if (fail) goto oom;
+    if (p->fast_prefill) {
+        if (dol_amx_available()) {
+            int kmax = c->hidden_size > e->q_dim ? c->hidden_size : e->q_dim;
+            if (c->intermediate_size > kmax) kmax = c->intermediate_size;
+            if (dol_cpu_fast_reserve(&e->fast, e->max_T, kmax) != 0) goto oom;
+            e->use_fast = true;
+            dol_log(DOL_LOG_INFO, "cpu_fast_prefill", "arithmetic=bf16x3 unit=amx min_rows=%d",
+                    DOL_CPU_FAST_MIN_T);
+        } else {
+            dol_log(DOL_LOG_WARN, "cpu_fast_prefill_unavailable",
+                    "batch_invariant=false reason=no_amx_bf16 (cpu or os); products stay exact");
+        }
+    }
     *n_blocks = e->n_blocks;
     *out = e;
     return 0;
@@ -698,6 +716,7 @@ static void cpu_destroy(void *impl)
     free(e->rope_cos);
     free(e->rope_sin);
     free(e->x); free(e->xb); free(e->q); free(e->k); free(e->v); free(e->att);
+    dol_cpu_fast_free(&e->fast);
     free(e->hb); free(e->hb2); free(e->logits_ws); free(e->scores);
     free(e->tok_run);
     free(e);
@@ -1005,7 +1024,7 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
 
         /* Attention block: RMSNorm, Q/K/V projections */
         per_token(e, T, TOK_NORM, l, w->attn_norm);
-        const dol_cpu_weight qkv[3] = { weight_of(&w->q), weight_of(&w->k), weight_of(&w->v) };
+        const dol_cpu_weight qkv[3] = { weight_of(e, &w->q), weight_of(e, &w->k), weight_of(e, &w->v) };
         float *const qkv_out[3] = { e->q, e->k, e->v };
         dol_cpu_matmul_multi(e->pool, e->xb, T, d, qkv, qkv_out, 3);
 
@@ -1020,12 +1039,12 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
         }
 
         /* Output projection and residual */
-        const dol_cpu_weight wo = weight_of(&w->o);
+        const dol_cpu_weight wo = weight_of(e, &w->o);
         dol_cpu_matmul_add(e->pool, e->x, e->xb, e->att, T, e->q_dim, &wo);
 
         /* MLP block: RMSNorm, SwiGLU (Shazeer 2020), residual */
         per_token(e, T, TOK_NORM, l, w->ffn_norm);
-        const dol_cpu_weight wg = weight_of(&w->gate), wu = weight_of(&w->up), wd = weight_of(&w->down);
+        const dol_cpu_weight wg = weight_of(e, &w->gate), wu = weight_of(e, &w->up), wd = weight_of(e, &w->down);
         dol_cpu_swiglu(e->pool, e->hb, e->hb2, e->xb, T, d, &wg, &wu);
         dol_cpu_matmul_add(e->pool, e->x, e->xb, e->hb, T, f, &wd);
     }
@@ -1046,7 +1065,7 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
         t0 += it->n_tokens;
     }
     int item = 0, item_row = 0;
-    const dol_cpu_weight lm = weight_of(&e->lm_head);
+    const dol_cpu_weight lm = weight_of(e, &e->lm_head);
     for (int r0 = 0; r0 < rows; r0 += LOGIT_ROWS_CHUNK) {
         int nr = rows - r0 < LOGIT_ROWS_CHUNK ? rows - r0 : LOGIT_ROWS_CHUNK;
         float *dst[LOGIT_ROWS_CHUNK];

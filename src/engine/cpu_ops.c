@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "dolphin/log.h"
+#include "engine/cpu_amx.h"
 #include "engine/cpu_kernels.h"
 
 #ifdef DOLPHIN_CPU_KERNELS_X86
@@ -136,6 +137,7 @@ typedef struct {
     int epi;
     float *acc;                 /* EPI_ADD: the residual stream; EPI_SWIGLU: h */
     float *const *rows;         /* EPI_SCATTER: where row t of the product goes */
+    const uint16_t *xp;         /* non-NULL: x packed for the AMX products (cpu_amx.h) */
 } fused_job;
 
 /* Rows of x from which an NF4 product dequantizes its weights once per
@@ -192,9 +194,91 @@ static bool panel_ok(const fused_job *j, const dol_cpu_weight *w)
     return false;
 }
 
+/* ---- BF16x3 on AMX (opt-in, cpu_amx.h) ------------------------------------ */
+
+int dol_cpu_fast_reserve(dol_cpu_fast *f, int T, int K)
+{
+    const size_t need = dol_amx_x_elems(T, K);
+    if (need <= f->cap) return 0;
+    uint16_t *x = malloc(sizeof(uint16_t) * need);
+    if (!x) return -1;
+    free(f->x);
+    f->x = x;
+    f->cap = need;
+    return 0;
+}
+
+void dol_cpu_fast_free(dol_cpu_fast *f)
+{
+    free(f->x);
+    f->x = NULL;
+    f->cap = 0;
+}
+
+/* Formats the AMX path serves: F16/BF16 in the packed layout, NF4 and Q8_0
+ * with K whole blocks (their panels then dequantize row-major). */
+static bool fast_weight_ok(const dol_cpu_weight *w)
+{
+    if (w->nf4) return w->nf4->cols % DOL_NF4_BLOCK == 0;
+    if (w->q8) return w->q8->cols % DOL_Q8_BLOCK == 0;
+    return w->packed && (w->wtype == DOL_DTYPE_F16 || w->wtype == DOL_DTYPE_BF16);
+}
+
+typedef struct {
+    uint16_t *xp;
+    const float *x;
+    int T, K;
+} pack_x_job;
+
+static void pack_x_task(void *ctx, int task, int worker)
+{
+    (void)worker;
+    const pack_x_job *p = ctx;
+    dol_amx_pack_x(p->xp, p->x, p->T, p->K, task, task + 1);
+}
+
+/* Whether job j runs on AMX; if so x is packed (over the pool) and j->xp set. */
+static void fast_prepare(dol_pool *pool, fused_job *j)
+{
+    dol_cpu_fast *f = j->W[0]->fast;
+    if (!f || j->T < DOL_CPU_FAST_MIN_T || j->K % DOL_AMX_K != 0 || !dol_amx_available()) return;
+    for (int i = 0; i < j->n_w; i++)
+        if (!fast_weight_ok(j->W[i])) return;
+    if (dol_cpu_fast_reserve(f, j->T, j->K) != 0) return;
+    pack_x_job p = { f->x, j->x, j->T, j->K };
+    const int blocks = (j->T + DOL_AMX_ROWS - 1) / DOL_AMX_ROWS;
+    if (pool && blocks > 1) dol_pool_run(pool, pack_x_task, &p, blocks);
+    else dol_amx_pack_x(p.xp, p.x, p.T, p.K, 0, blocks);
+    j->xp = f->x;
+}
+
+/* Rows n0..n1 of W on AMX, two groups of 16 rows at a time: dequantized
+ * (NF4 / Q8_0) or read from the packed layout straight into bf16 hi/lo
+ * tiles, then multiplied against all of x. -1 (nothing done) without memory. */
+static int fast_rows(const fused_job *j, const dol_cpu_weight *w, float *out, int n0, int n1)
+{
+    const int K = j->K, N = w->N;
+    const size_t ge = dol_amx_w_elems(K);
+    uint16_t *wp = malloc(sizeof(uint16_t) * 2 * ge);
+    if (!wp) return -1;
+    for (int n = n0; n < n1; n += 2 * DOL_AMX_ROWS) {
+        const int m = n1 - n < 2 * DOL_AMX_ROWS ? n1 - n : 2 * DOL_AMX_ROWS;
+        for (int g = 0; g * DOL_AMX_ROWS < m; g++) {
+            const int r = n + g * DOL_AMX_ROWS, mg = m - g * DOL_AMX_ROWS < DOL_AMX_ROWS ? m - g * DOL_AMX_ROWS : DOL_AMX_ROWS;
+            if (w->nf4) dol_amx_w_from_nf4(wp + g * ge, w->nf4, r, mg);
+            else if (w->q8) dol_amx_w_from_q8(wp + g * ge, w->q8, r, mg);
+            else dol_amx_w_from_packed(wp + g * ge, w->w, w->wtype, r, mg, K);
+        }
+        dol_amx_product(out, N, n, m, wp, j->xp, j->T, K);
+    }
+    free(wp);
+    return 0;
+}
+
 static void rows_of(const fused_job *j, int i, float *out, int n0, int n1)
 {
     const dol_cpu_weight *w = j->W[i];
+    if (j->xp && fast_rows(j, w, out, n0, n1) == 0) return;
     if (panel_ok(j, w) && quant_rows_panel(j, w, out, n0, n1) == 0) return;
     if (w->q8) j->k->q8_rows(out, j->x, j->T, w->q8, n0, n1);
     else if (w->nf4) j->k->nf4_rows(out, j->x, j->T, w->nf4, n0, n1);
@@ -242,6 +326,7 @@ static void fused_task(void *ctx, int task, int worker)
 
 static void fused_run(dol_pool *pool, fused_job *j, int n_plan)
 {
+    fast_prepare(pool, j);
     const int threads = pool ? dol_pool_threads(pool) : 1;
     int total = 0;
     for (int i = 0; i < n_plan; i++) total += j->W[i]->N;
@@ -294,21 +379,21 @@ void dol_cpu_matmul_multi(dol_pool *pool, const float *x, int T, int K,
 void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
                     const void *W, dol_dtype wtype, int N)
 {
-    const dol_cpu_weight w = { W, wtype, NULL, N, K, false, NULL };
+    const dol_cpu_weight w = { W, wtype, NULL, N, K, false, NULL, NULL };
     dol_cpu_matmul_multi(pool, x, T, K, &w, &out, 1);
 }
 
 void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
                         const dol_nf4_matrix *W)
 {
-    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, W, (int)W->rows, (int)W->cols, false, NULL };
+    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, W, (int)W->rows, (int)W->cols, false, NULL, NULL };
     dol_cpu_matmul_multi(pool, x, T, w.K, &w, &out, 1);
 }
 
 void dol_cpu_matmul_q8(dol_pool *pool, float *out, const float *x, int T,
                        const dol_q8_matrix *W)
 {
-    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, NULL, (int)W->rows, (int)W->cols, false, W };
+    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, NULL, (int)W->rows, (int)W->cols, false, W, NULL };
     dol_cpu_matmul_multi(pool, x, T, w.K, &w, &out, 1);
 }
 

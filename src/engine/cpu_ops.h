@@ -50,6 +50,27 @@ void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
 void dol_cpu_matmul_q8(dol_pool *pool, float *out, const float *x, int T,
                        const dol_q8_matrix *W);
 
+/* Scratch of the BF16x3 products on AMX (cpu_amx.h): x converted to bf16
+ * hi/lo tiles once per product. A weight that points at one lets products
+ * of DOL_CPU_FAST_MIN_T rows of x or more take that path when the CPU has
+ * AMX, K is a multiple of 32 and the weights are F16, BF16, NF4 or Q8_0
+ * (F32 weights always take the exact kernels). Its results are within
+ * about 2^-16 sum |x w| of the exact kernels' but not bit-identical, so
+ * outputs are then no longer batch-invariant: the engine passes it only
+ * when batch_invariant is off (docs/configuration.md). Owned by the caller;
+ * one product at a time. */
+typedef struct {
+    uint16_t *x;
+    size_t cap; /* bf16 elements at x */
+} dol_cpu_fast;
+
+#define DOL_CPU_FAST_MIN_T 16
+
+/* Size f->x for products of up to T rows of K inputs (grows, never
+ * shrinks). 0, or -1 when out of memory (f unchanged). */
+int dol_cpu_fast_reserve(dol_cpu_fast *f, int T, int K);
+void dol_cpu_fast_free(dol_cpu_fast *f);
+
 /* A weight matrix of a linear layer as the matrix products read it: N rows
  * (out_features) of K weights (in_features), either F32/F16/BF16 rows at w
  * (nf4 == NULL) or NF4 (nf4 != NULL; w and wtype are then ignored). */
@@ -60,6 +81,7 @@ typedef struct {
     int N, K;
     bool packed; /* w is in the packed layout of cpu_kernels.h (dol_cpu_pack) */
     const dol_q8_matrix *q8; /* non-NULL: Q8_0 weights (q8.h); w, wtype, nf4 ignored */
+    dol_cpu_fast *fast;      /* non-NULL: BF16x3 on AMX allowed (above) */
 } dol_cpu_weight;
 
 /* Rearrange W (N rows of K elements of dtype src_t, row-major) into the

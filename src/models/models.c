@@ -354,6 +354,7 @@ static int load_objects(dol_models *m, const dol_model_entry *me, objects *o, ch
     ep.kv_block_size = cfg->kv_block_size;
     ep.kv_cache_tokens = cfg->kv_cache_tokens;
     ep.prefix_caching = cfg->prefix_caching;
+    ep.fast_prefill = !cfg->batch_invariant;
     ep.kv_cache_bytes = cfg->kv_cache_bytes;
     ep.kv_dtype = cfg->kv_cache_dtype;
     ep.kv_memory_fraction = cfg->kv_cache_memory_fraction;

@@ -18,12 +18,15 @@
 #include "dolphin/engine.h"
 #include "dolphin/model.h"
 #include "dolphin/sampler.h"
+#include "engine/cpu_amx.h"
 #include "test_fixtures.h"
 
 typedef struct {
     dol_model *m;
     dol_engine *e;
 } fixture;
+
+static bool g_fast_prefill; /* open engines with fast_prefill (BF16x3 on AMX) */
 
 static fixture open_model_kv(const char *name, int threads, int64_t kv_tokens, dol_kv_dtype kv)
 {
@@ -35,7 +38,8 @@ static fixture open_model_kv(const char *name, int threads, int64_t kv_tokens, d
     assert_int_equal(rc, 0);
     dol_engine_params p = { .n_threads = threads, .kv_block_size = 16,
                             .kv_cache_tokens = kv_tokens, .max_seqs = 16,
-                            .max_batch_tokens = 1024, .kv_dtype = kv };
+                            .max_batch_tokens = 1024, .kv_dtype = kv,
+                            .fast_prefill = g_fast_prefill };
     rc = dol_engine_create(fx.m, &p, &fx.e, err, sizeof err);
     if (rc != 0) fprintf(stderr, "%s\n", err);
     assert_int_equal(rc, 0);
@@ -157,6 +161,48 @@ static void test_tiny_llama2_golden(void **state)
 {
     (void)state;
     tiny_llama2_golden(DOL_KV_F32, 1e-3, 1e-3);
+}
+
+/* fast_prefill (F16 weights on AMX in BF16x3 from 16 rows of x): each
+ * prompt and its golden continuation in one call, so the products take that
+ * path; the logits after the prompt within 1e-3 of the golden's, and every
+ * later row's argmax the golden's next id while its margin is above 1e-3. */
+static void test_tiny_llama2_golden_fast(void **state)
+{
+    (void)state;
+    if (!dol_amx_available()) skip();
+    cJSON *g = fixture_json("golden/tiny-llama2.json");
+    assert_non_null(g);
+    g_fast_prefill = true;
+    fixture fx = open_model_kv("tiny-llama2", 2, 0, DOL_KV_F32);
+    g_fast_prefill = false;
+    int V = dol_engine_vocab_size(fx.e);
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(g, "cases")) {
+        int32_t ids[1024];
+        int np = fixture_ids(cJSON_GetObjectItem(c, "prompt_ids"), ids, 1024);
+        int nw = fixture_ids(cJSON_GetObjectItem(c, "greedy_ids"), ids + np, 1024 - np);
+        const cJSON *margins = cJSON_GetObjectItem(c, "greedy_margins");
+        int trusted = 0;
+        while (trusted < cJSON_GetArraySize(margins) && trusted < nw &&
+               cJSON_GetArrayItem(margins, trusted)->valuedouble >= 1e-3)
+            trusted++;
+        int n = np + trusted;
+        assert_true(n >= 16);
+        float *all = malloc(sizeof(float) * (size_t)V * (size_t)n);
+        test_forward_all(fx.e, ids, n, all);
+        const cJSON *t8;
+        cJSON_ArrayForEach(t8, cJSON_GetObjectItem(c, "last_logits_top8")) {
+            int id = cJSON_GetArrayItem(t8, 0)->valueint;
+            double v = cJSON_GetArrayItem(t8, 1)->valuedouble;
+            float got = all[(size_t)(np - 1) * V + id];
+            if (fabs(got - v) > 1e-3) fail_msg("token %d: logit %.6f, golden %.6f", id, got, v);
+        }
+        for (int i = np; i < n; i++) assert_int_equal(fixture_argmax(all + (size_t)(i - 1) * V, V), ids[i]);
+        free(all);
+    }
+    close_model(&fx);
+    cJSON_Delete(g);
 }
 
 /* The default cache of F16 weights (kv_cache_dtype auto = f16): K and V
@@ -360,6 +406,7 @@ int main(void)
     fclose(f);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_golden),
+        cmocka_unit_test(test_tiny_llama2_golden_fast),
         cmocka_unit_test(test_tiny_llama2_golden),
         cmocka_unit_test(test_tiny_llama2_golden_kv_f16),
         cmocka_unit_test(test_batch_invariance),

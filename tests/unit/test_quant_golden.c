@@ -33,6 +33,7 @@
 #include "dolphin/engine.h"
 #include "dolphin/model.h"
 #include "engine/backend.h"
+#include "engine/cpu_amx.h"
 #include "engine/nf4.h"
 #include "engine/q8.h"
 #include "test_fixtures.h"
@@ -155,6 +156,10 @@ static void tensors(const char *model, const char *scheme)
 
 /* ---- the engine ------------------------------------------------------------- */
 
+/* Run the engine with fast_prefill (BF16x3 products on AMX from 16 rows of
+ * x, cpu_amx.h): the same golden checks and bounds must hold. */
+static bool g_fast;
+
 static dol_engine *open_engine(const dol_model *m, dol_weight_format wf)
 {
     /* an F32 KV cache on the CPU, so that only the weights' scheme moves the
@@ -162,7 +167,7 @@ static dol_engine *open_engine(const dol_model *m, dol_weight_format wf)
     dol_engine_params p = { .backend = QG_BACKEND, .n_threads = 2, .kv_block_size = 16,
                             .max_seqs = 2, .max_batch_tokens = 512, .weights = wf,
                             .gpu_memory_utilization = 0.9, .kv_cache_tokens = 2048,
-                            .kv_dtype = DOL_KV_F32 };
+                            .kv_dtype = DOL_KV_F32, .fast_prefill = g_fast };
     dol_engine *e = NULL;
     char err[DOL_ERR_LEN];
     if (dol_engine_create(m, &p, &e, err, sizeof err) != 0) fail_msg("%s", err);
@@ -240,6 +245,32 @@ static void engine_golden(const char *model, const char *scheme)
                 fail_msg("%s %s case %d token %d: logit %.6f, golden %.6f", model, scheme, ci, id,
                          first[id], v);
         }
+        if (g_fast) { /* prompt + golden ids in one call: T >= 16, the AMX path */
+            int nt = np + (cmp < 24 ? cmp : 24);
+            if (nt >= 16) {
+                int32_t ids[MAX_IDS + 24];
+                memcpy(ids, prompt, sizeof(int32_t) * (size_t)np);
+                memcpy(ids + np, want, sizeof(int32_t) * (size_t)(nt - np));
+                float *all = malloc(sizeof(float) * (size_t)V * (size_t)nt);
+                test_forward_all(e, ids, nt, all);
+                const float *row = all + (size_t)(np - 1) * V;
+                cJSON_ArrayForEach(t8, cJSON_GetObjectItem(c, "last_logits_top8")) {
+                    int id = cJSON_GetArrayItem(t8, 0)->valueint;
+                    double v = cJSON_GetArrayItem(t8, 1)->valuedouble;
+                    if (!(fabs(row[id] - v) <= LOGIT_BOUND))
+                        fail_msg("%s %s case %d token %d, one call of %d: logit %.6f, golden %.6f",
+                                 model, scheme, ci, id, nt, row[id], v);
+                }
+                for (int i = np; i < nt; i++) {
+                    int32_t a = fixture_argmax(all + (size_t)(i - 1) * V, V);
+                    if (a != want[i - np])
+                        fail_msg("%s %s case %d step %d, one call: id %d, golden %d", model, scheme,
+                                 ci, i - np, a, want[i - np]);
+                }
+                print_message("  %s %s case %d: one call of %d tokens matches\n", model, scheme, ci, nt);
+                free(all);
+            }
+        }
         /* the full-precision continuation of the same prompt */
         const cJSON *fc = cJSON_GetArrayItem(cJSON_GetObjectItem(fp, "cases"), ci);
         assert_non_null(fc);
@@ -275,6 +306,19 @@ static void test_engine_stories_nf4(void **s) { (void)s; engine_golden("stories2
 static void test_engine_stories_int8(void **s) { (void)s; engine_golden("stories260K", "int8"); }
 static void test_engine_tiny_nf4(void **s) { (void)s; engine_golden("tiny-llama2", "nf4"); }
 static void test_engine_tiny_int8(void **s) { (void)s; engine_golden("tiny-llama2", "int8"); }
+#ifndef QG_BACKEND_CUDA
+static void fast_golden(const char *model, const char *scheme)
+{
+    if (!dol_amx_available()) skip();
+    g_fast = true;
+    engine_golden(model, scheme);
+    g_fast = false;
+}
+static void test_fast_stories_nf4(void **s) { (void)s; fast_golden("stories260K", "nf4"); }
+static void test_fast_stories_int8(void **s) { (void)s; fast_golden("stories260K", "int8"); }
+static void test_fast_tiny_nf4(void **s) { (void)s; fast_golden("tiny-llama2", "nf4"); }
+static void test_fast_tiny_int8(void **s) { (void)s; fast_golden("tiny-llama2", "int8"); }
+#endif
 
 int main(void)
 {
@@ -300,6 +344,12 @@ int main(void)
         cmocka_unit_test(test_engine_stories_int8),
         cmocka_unit_test(test_engine_tiny_nf4),
         cmocka_unit_test(test_engine_tiny_int8),
+#ifndef QG_BACKEND_CUDA
+        cmocka_unit_test(test_fast_stories_nf4),
+        cmocka_unit_test(test_fast_stories_int8),
+        cmocka_unit_test(test_fast_tiny_nf4),
+        cmocka_unit_test(test_fast_tiny_int8),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
