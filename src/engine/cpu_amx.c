@@ -125,11 +125,10 @@ static void w_zero_rows(uint16_t *wp, int m, int K)
 
 AMX_TARGET void dol_amx_w_from_f32(uint16_t *wp, const float *rows, int m, int K)
 {
-    for (int r = 0; r < m; r++) {
-        const float *s = rows + (size_t)r * K;
-        for (int k = 0; k < K; k += 16) {
+    for (int k = 0; k < K; k += 16) { /* block-major, so the tiles fill one after the other */
+        for (int r = 0; r < m; r++) {
             __m256i h, l;
-            split16(_mm512_loadu_ps(s + k), &h, &l);
+            split16(_mm512_loadu_ps(rows + (size_t)r * K + k), &h, &l);
             _mm256_storeu_si256((__m256i *)(wp + w_at(r, k)), h);
             _mm256_storeu_si256((__m256i *)(wp + w_at(r, k) + 512), l);
         }
@@ -144,11 +143,11 @@ AMX_TARGET void dol_amx_w_from_f32(uint16_t *wp, const float *rows, int m, int K
 AMX_TARGET void dol_amx_w_from_packed(uint16_t *wp, const void *Wp, dol_dtype t, int n, int m, int K)
 {
     const uint16_t *W = Wp;
-    for (int r = 0; r < m; r++) {
-        const int row = n + r;
-        const uint16_t *panel = W + (size_t)(row / PACK_ROWS) * PACK_ROWS * (size_t)K +
-                                (size_t)(row % PACK_ROWS) * PACK_K;
-        for (int c = 0; c < K / PACK_K; c++) {
+    for (int c = 0; c < K / PACK_K; c++) { /* block-major, so the tiles fill one after the other */
+        for (int r = 0; r < m; r++) {
+            const int row = n + r;
+            const uint16_t *panel = W + (size_t)(row / PACK_ROWS) * PACK_ROWS * (size_t)K +
+                                    (size_t)(row % PACK_ROWS) * PACK_K;
             const uint16_t *s = panel + (size_t)c * PACK_ROWS * PACK_K;
             uint16_t *d = wp + w_at(r, c * PACK_K);
             if (t == DOL_DTYPE_BF16) { /* exact: lo is zero */
@@ -174,10 +173,11 @@ AMX_TARGET void dol_amx_w_from_nf4(uint16_t *wp, const dol_nf4_matrix *W, int n,
     const int K = (int)W->cols;
     const __m512 levels = _mm512_loadu_ps(dol_nf4_levels);
     const __m512i low = _mm512_set1_epi32(0xF);
-    for (int r = 0; r < m; r++) {
-        const uint8_t *codes = W->codes + (size_t)(n + r) * (size_t)(K / 2);
-        const uint16_t *scales = W->scales + (size_t)(n + r) * (size_t)W->blocks_per_row;
-        for (int b = 0; b < K / DOL_NF4_BLOCK; b++) {
+    /* block-major, so the tiles fill one after the other */
+    for (int b = 0; b < K / DOL_NF4_BLOCK; b++) {
+        for (int r = 0; r < m; r++) {
+            const uint8_t *codes = W->codes + (size_t)(n + r) * (size_t)(K / 2);
+            const uint16_t *scales = W->scales + (size_t)(n + r) * (size_t)W->blocks_per_row;
             const __m512 lut = _mm512_mul_ps(levels, _mm512_set1_ps(_cvtsh_ss(scales[b])));
             const uint8_t *c = codes + (size_t)b * (DOL_NF4_BLOCK / 2);
             for (int h = 0; h < 2; h++) { /* codes of inputs 16h.. (low) and 32 + 16h.. (high) */
@@ -200,10 +200,10 @@ AMX_TARGET void dol_amx_w_from_nf4(uint16_t *wp, const dol_nf4_matrix *W, int n,
 AMX_TARGET void dol_amx_w_from_q8(uint16_t *wp, const dol_q8_matrix *W, int n, int m)
 {
     const int K = (int)W->cols;
-    for (int r = 0; r < m; r++) {
-        const int8_t *q = W->quants + (size_t)(n + r) * (size_t)K;
-        const uint16_t *scales = W->scales + (size_t)(n + r) * (size_t)W->blocks_per_row;
-        for (int k = 0; k < K; k += 16) {
+    for (int k = 0; k < K; k += 16) { /* block-major, so the tiles fill one after the other */
+        for (int r = 0; r < m; r++) {
+            const int8_t *q = W->quants + (size_t)(n + r) * (size_t)K;
+            const uint16_t *scales = W->scales + (size_t)(n + r) * (size_t)W->blocks_per_row;
             const __m512 d = _mm512_set1_ps(_cvtsh_ss(scales[k / DOL_Q8_BLOCK]));
             const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + k))));
             __m256i hi, lo;
