@@ -129,6 +129,18 @@ typedef struct dol_cpu_kernels {
     void (*attn_head_h)(const float *q, int head_dim, int n, const uint16_t *k_base,
                         const uint16_t *v_base, const int32_t *table, int bs, size_t block_floats,
                         int v_stride, float scale, float *scratch, float *out);
+
+    /* Load-time quantization of rows r0 .. r1-1 of src (a row-major
+     * [m->rows][m->cols] matrix of dtype t: F32, F16 or BF16) into m's
+     * codes and scales, every block exactly as nf4.h / q8.h define it:
+     * the same bytes in every variant, and the same as the float64
+     * reference of those headers (tests/unit/test_quant_fast.c checks
+     * both). 0, or -1 when a block cannot be quantized (NaN, or a scale
+     * beyond F16); the rows after that block are then left unwritten. */
+    int (*nf4_quantize_rows)(const void *src, dol_dtype t, const dol_nf4_matrix *m, int64_t r0,
+                             int64_t r1);
+    int (*q8_quantize_rows)(const void *src, dol_dtype t, const dol_q8_matrix *m, int64_t r0,
+                            int64_t r1);
 } dol_cpu_kernels;
 
 /* Packed weights. A decode step streams every weight once, so the product

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "dolphin/common.h"
+#include "engine/cpu_kernels.h"
 #include "engine/quant_blocks.h"
 
 /* QLoRA (Dettmers et al. 2023, arXiv:2305.14314), Appendix E: the NF4 data
@@ -43,11 +44,11 @@ static const float NF4_MID[15] = {
 
 /* The same midpoints in double, exact: the sum of two floats halved. */
 #define MIDD(a, b) (0.5 * ((double)(a) + (double)(b)))
-static const double NF4_MID_EXACT[15] = {
+const double dol_nf4_mids[16] = {
     MIDD(NF4_L0, NF4_L1),   MIDD(NF4_L1, NF4_L2),   MIDD(NF4_L2, NF4_L3),   MIDD(NF4_L3, NF4_L4),
     MIDD(NF4_L4, NF4_L5),   MIDD(NF4_L5, NF4_L6),   MIDD(NF4_L6, NF4_L7),   MIDD(NF4_L7, NF4_L8),
     MIDD(NF4_L8, NF4_L9),   MIDD(NF4_L9, NF4_L10),  MIDD(NF4_L10, NF4_L11), MIDD(NF4_L11, NF4_L12),
-    MIDD(NF4_L12, NF4_L13), MIDD(NF4_L13, NF4_L14), MIDD(NF4_L14, NF4_L15),
+    MIDD(NF4_L12, NF4_L13), MIDD(NF4_L13, NF4_L14), MIDD(NF4_L14, NF4_L15), 0.0,
 };
 
 size_t dol_nf4_codes_bytes(int64_t rows, int64_t cols) { return (size_t)rows * (size_t)(cols / 2); }
@@ -82,51 +83,11 @@ uint8_t dol_nf4_nearest(float x)
     return (uint8_t)code;
 }
 
-/* One block of n weights (n even, <= 64) -> its F16 scale and n/2 bytes.
- * Returns -1 when a weight is NaN or the absmax overflows F16. */
-static int quantize_block(const void *src, dol_dtype t, int64_t base, int n,
-                          uint16_t *scale, uint8_t *codes)
+/* Rows r0..r1-1 (quant_blocks.h's callback), into the matrix ctx, by the
+ * kernel set in use (cpu_kernels.h: every set writes the same bytes). */
+static int quant_rows(void *ctx, const dol_tensor *src, int64_t r0, int64_t r1)
 {
-    float w[DOL_NF4_BLOCK];
-    for (int i = 0; i < n; i++) w[i] = dol_quant_load_f32(src, t, base + i);
-    float absmax = 0.0f;
-    int bad = 0;
-    for (int i = 0; i < n; i++) {
-        float a = fabsf(w[i]);
-        bad |= !(a <= 65504.0f); /* NaN, inf or beyond F16 */
-        absmax = a > absmax ? a : absmax;
-    }
-    if (bad) return -1;
-    uint16_t h = dol_f32_to_f16(absmax);
-    float s = dol_f16_to_f32(h);
-    if (isinf(s)) return -1;
-    *scale = h;
-    uint8_t q[DOL_NF4_BLOCK];
-    if (s > 0.0f) {
-        /* w / s > mid decided exactly as w > mid * s in double (mid has 25
-         * significant bits, s 11: the product is exact), so every code is
-         * the one an exact (float64) reference picks, also where w / s
-         * rounded to float would land on the other side of a midpoint */
-        double t[15];
-        for (int m = 0; m < 15; m++) t[m] = (double)NF4_MID_EXACT[m] * (double)s;
-        for (int i = 0; i < n; i++) q[i] = 0;
-        for (int m = 0; m < 15; m++)
-            for (int i = 0; i < n; i++) q[i] += (double)w[i] > t[m];
-    } else {
-        for (int i = 0; i < n; i++) q[i] = 7; /* a block of zeros */
-    }
-    int half = n / 2;
-    for (int j = 0; j < half; j++) codes[j] = (uint8_t)(q[j] | (q[j + half] << 4));
-    return 0;
-}
-
-/* Block b of row r (quant_blocks.h's callback), into the matrix ctx. */
-static int quant_block_at(void *ctx, const dol_tensor *src, int64_t r, int64_t b, int64_t k0, int n)
-{
-    const dol_nf4_matrix *m = ctx;
-    return quantize_block(src->data, src->dtype, r * m->cols + k0, n,
-                          &m->scales[r * m->blocks_per_row + b],
-                          &m->codes[r * (m->cols / 2) + k0 / 2]);
+    return dol_cpu_kernels_get()->nf4_quantize_rows(src->data, src->dtype, ctx, r0, r1);
 }
 
 int dol_nf4_quantize(dol_pool *pool, const dol_tensor *src, dol_nf4_matrix *dst,
@@ -136,7 +97,7 @@ int dol_nf4_quantize(dol_pool *pool, const dol_tensor *src, dol_nf4_matrix *dst,
     dst->rows = src->rows;
     dst->cols = src->cols;
     dst->blocks_per_row = (src->cols + DOL_NF4_BLOCK - 1) / DOL_NF4_BLOCK;
-    if (dol_quant_blocks_run(pool, src, DOL_NF4_BLOCK, quant_block_at, dst) != 0) {
+    if (dol_quant_blocks_run(pool, src, quant_rows, dst) != 0) {
         dol_set_err(err, errlen,
                     "weights nf4: %s: a weight is NaN or beyond the F16 range (|w| > 65504); "
                     "cannot quantize",

@@ -51,6 +51,11 @@
  * as bitsandbytes' NF4 code book). */
 extern const float dol_nf4_levels[16];
 
+/* The 15 midpoints between adjacent levels, exact in double (the sum of
+ * two floats halved), ascending; entry 15 is padding (0). The quantizers
+ * decide a code by comparing w with mid * scale (cpu_kernels.c). */
+extern const double dol_nf4_mids[16];
+
 /* An NF4 matrix. codes and scales are owned by whoever allocated them
  * (sizes: dol_nf4_codes_bytes, dol_nf4_scales_bytes). */
 typedef struct {
