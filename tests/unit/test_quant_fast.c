@@ -262,8 +262,12 @@ static void test_nf4_midpoints(void **state)
 static void test_q8_half_steps(void **state)
 {
     dol_pool *pool = *state;
-    const float ds[] = { 1.0f, 0.0078125f, 0.01000213623046875f, 500.0f, 5.9604644775390625e-08f,
-                         3.0517578125e-05f };
+    /* chosen scales (powers of two, F16 subnormals, inexact reciprocals),
+     * then random F16 ones over the normal range */
+    float ds[6 + 250] = { 1.0f, 0.0078125f, 0.01000213623046875f, 500.0f, 5.9604644775390625e-08f,
+                          3.0517578125e-05f };
+    for (int i = 6; i < 256; i++)
+        ds[i] = dol_f16_to_f32((uint16_t)(0x0400 + (int)(uniform() * (0x7800 - 0x0400))));
     const int cols = 32 * 8 + 17, rows = (int)(sizeof ds / sizeof *ds) * 3;
     float *w = malloc(sizeof(float) * (size_t)rows * cols);
     int r = 0;
