@@ -1265,6 +1265,19 @@ static void k_q8_panel(const dol_q8_matrix *W, int n, int m, bool packed, float 
 
 /* ---- load-time quantization (nf4.h, q8.h) --------------------------------- */
 
+#ifdef DOL_SIMD
+/* One block scale through F16C: round to nearest even, as dol_f32_to_f16
+ * for every finite value (NaN never gets here); and back, exactly. */
+static inline uint16_t scale_to_f16(float x)
+{
+    return (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(x), _MM_FROUND_TO_NEAREST_INT), 0);
+}
+static inline float scale_from_f16(uint16_t h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
+#else
+static inline uint16_t scale_to_f16(float x) { return dol_f32_to_f16(x); }
+static inline float scale_from_f16(uint16_t h) { return dol_f16_to_f32(h); }
+#endif
+
 /* The largest float <= x (x finite, |x| < FLT_MAX): round to nearest, then
  * one step down when that went up. Exact: the comparison is in double. */
 static inline float round_down_f32(double x)
@@ -1316,8 +1329,8 @@ static int nf4_block_scalar(const void *p, dol_dtype t, int n, uint16_t *scale, 
         absmax = a > absmax ? a : absmax;
     }
     if (bad) return -1;
-    const uint16_t h = dol_f32_to_f16(absmax);
-    const float s = dol_f16_to_f32(h);
+    const uint16_t h = scale_to_f16(absmax);
+    const float s = scale_from_f16(h);
     if (isinf(s)) return -1;
     *scale = h;
     uint8_t q[DOL_NF4_BLOCK];
@@ -1350,8 +1363,8 @@ static int nf4_block64(const void *p, dol_dtype t, uint16_t *scale, uint8_t *cod
         mx = _mm512_max_ps(mx, a);
     }
     if (ok != 0xFFFF) return -1;
-    const uint16_t h = dol_f32_to_f16(_mm512_reduce_max_ps(mx));
-    const float s = dol_f16_to_f32(h);
+    const uint16_t h = scale_to_f16(_mm512_reduce_max_ps(mx));
+    const float s = scale_from_f16(h);
     if (isinf(s)) return -1;
     *scale = h;
     __m512i c[4];
@@ -1397,8 +1410,8 @@ static int nf4_block64(const void *p, dol_dtype t, uint16_t *scale, uint8_t *cod
     float m8[8], absmax = 0.0f;
     _mm256_storeu_ps(m8, mx);
     for (int i = 0; i < 8; i++) absmax = m8[i] > absmax ? m8[i] : absmax;
-    const uint16_t h = dol_f32_to_f16(absmax);
-    const float s = dol_f16_to_f32(h);
+    const uint16_t h = scale_to_f16(absmax);
+    const float s = scale_from_f16(h);
     if (isinf(s)) return -1;
     *scale = h;
     __m256i c[8];
@@ -1484,8 +1497,8 @@ static int q8_block_scalar(const void *p, dol_dtype t, int n, uint16_t *scale, i
         absmax = a > absmax ? a : absmax;
     }
     if (bad) return -1;
-    const uint16_t h = dol_f32_to_f16(absmax / 127.0f);
-    const float d = dol_f16_to_f32(h);
+    const uint16_t h = scale_to_f16(absmax / 127.0f);
+    const float d = scale_from_f16(h);
     if (isinf(d)) return -1;
     *scale = h;
     const float inv = d > 0.0f ? 1.0f / d : 0.0f;
@@ -1510,8 +1523,8 @@ static int q8_block32(const void *p, dol_dtype t, uint16_t *scale, int8_t *q)
         mx = _mm512_max_ps(mx, a[i]);
     }
     if (ok != 0xFFFF) return -1;
-    const uint16_t h = dol_f32_to_f16(_mm512_reduce_max_ps(mx) / 127.0f);
-    const float d = dol_f16_to_f32(h);
+    const uint16_t h = scale_to_f16(_mm512_reduce_max_ps(mx) / 127.0f);
+    const float d = scale_from_f16(h);
     if (isinf(d)) return -1;
     *scale = h;
     if (!(d > 0.0f)) {
@@ -1550,8 +1563,8 @@ static int q8_block32(const void *p, dol_dtype t, uint16_t *scale, int8_t *q)
     float m8[8], absmax = 0.0f;
     _mm256_storeu_ps(m8, mx);
     for (int i = 0; i < 8; i++) absmax = m8[i] > absmax ? m8[i] : absmax;
-    const uint16_t h = dol_f32_to_f16(absmax / 127.0f);
-    const float d = dol_f16_to_f32(h);
+    const uint16_t h = scale_to_f16(absmax / 127.0f);
+    const float d = scale_from_f16(h);
     if (isinf(d)) return -1;
     *scale = h;
     if (!(d > 0.0f)) {
