@@ -250,26 +250,30 @@ out:
     return rc;
 }
 
-/* Every path through the engine that serving takes, once: a one-token
- * prompt decoding alone, then a prompt of several tokens forked into a full
- * decode batch of max_batch_size sequences (skipped when it cannot fit the
- * KV pool). 0 ok, 2 interrupted, -1 failed. */
+/* What the warm-up must prove before ready, in one request: a one-token
+ * prompt (the single-sequence forward pass, which touches every weight and
+ * the sampler) forked into a full decode batch of max_batch_size sequences
+ * that decodes one step (the batched pass, the fork and the KV blocks of a
+ * full batch). Two forward passes in all; prefill chunks of other lengths
+ * run the same layers and kernels that the unit tests check, so they are
+ * not repeated here (docs/deployment.md, "Start-up"). When the batch cannot
+ * fit the KV pool, the prompt decodes alone. 0 ok, 2 interrupted, -1
+ * failed. */
 static int warm_up(dol_models *m, const char *name, dol_scheduler *sched, const dol_model *mdl,
-                   int ctx, char *err, size_t errlen)
+                   char *err, size_t errlen)
 {
     const dol_config *cfg = m->cfg;
     double t0 = dol_now_ms();
-    int rc = warm_one(m, sched, mdl, 1, 1, 2, err, errlen);
-    if (rc == 1) return -1;   /* the smallest shape must fit */
-    if (rc != 0) return rc;
-    int prompt = cfg->prefill_chunk < 16 ? cfg->prefill_chunk : 16;
-    if (prompt > ctx / 2) prompt = ctx / 2;
-    int batch = cfg->max_batch_size;
-    int full = prompt >= 2 ? warm_one(m, sched, mdl, prompt, batch, 2, err, errlen) : 1;
+    const int batch = cfg->max_batch_size;
+    int full = batch > 1 ? warm_one(m, sched, mdl, 1, batch, 2, err, errlen) : 1;
     if (full == 2 || full < 0) return full;
-    dol_log(DOL_LOG_INFO, "warmed_up", "model=%s shapes=%s prompt_tokens=%d batch=%d ms=%.0f",
-            name, full == 0 ? "single,batch" : "single", prompt, full == 0 ? batch : 1,
-            dol_now_ms() - t0);
+    if (full == 1) {
+        int rc = warm_one(m, sched, mdl, 1, 1, 2, err, errlen);
+        if (rc == 1) return -1;   /* the smallest shape must fit */
+        if (rc != 0) return rc;
+    }
+    dol_log(DOL_LOG_INFO, "warmed_up", "model=%s shapes=%s prompt_tokens=1 batch=%d ms=%.0f", name,
+            full == 0 ? "single,batch" : "single", full == 0 ? batch : 1, dol_now_ms() - t0);
     return 0;
 }
 
@@ -418,8 +422,7 @@ static int load_objects(dol_models *m, const dol_model_entry *me, objects *o, ch
                 qs.linear_f16_bytes ? (double)qs.linear_bytes / (double)qs.linear_f16_bytes : 0.0,
                 me->quantize_lm_head ? dol_config_choice_name("weights", me->weights) : "kept");
     if (cfg->warmup) {
-        int wrc = warm_up(m, me->name, o->sched, o->model, dol_engine_context_len(o->engine), err,
-                          errlen);
+        int wrc = warm_up(m, me->name, o->sched, o->model, err, errlen);
         if (wrc == 2) dol_set_err(err, errlen, "the server is stopping");
         if (wrc != 0) goto fail;
     }
