@@ -256,7 +256,7 @@ out:
  * that decodes one step (the batched pass, the fork and the KV blocks of a
  * full batch). Two forward passes in all; prefill chunks of other lengths
  * run the same layers and kernels that the unit tests check, so they are
- * not repeated here (docs/deployment.md, "Start-up"). When the batch cannot
+ * not repeated here (docs/deployment.md, "dolphind's life cycle"). When the batch cannot
  * fit the KV pool, the prompt decodes alone. 0 ok, 2 interrupted, -1
  * failed. */
 static int warm_up(dol_models *m, const char *name, dol_scheduler *sched, const dol_model *mdl,
