@@ -457,6 +457,22 @@ static void pack_run(void *dst, dol_dtype dst_t, const void *src, dol_dtype src_
 /* One panel, written in order: for each chunk of DOL_PACK_K weights the
  * chunks of its DOL_PACK_ROWS rows, then the rows' tails (the layout of
  * dol_cpu_packed_index), copied run by run rather than element by element. */
+/* The same-dtype panel of a full panel (all DOL_PACK_ROWS rows real): runs
+ * of a constant size E * DOL_PACK_K bytes, which the compiler turns into
+ * plain vector moves (pack_run's memcpy of a run-time size is a call per
+ * 32 bytes). */
+#define PACK_COPY(E)                                                                        \
+    static void pack_copy_##E(char *d, const char *s, int K, int kc)                        \
+    {                                                                                       \
+        for (int k = 0; k < kc; k += DOL_PACK_K)                                            \
+            for (int r = 0; r < DOL_PACK_ROWS; r++, d += (E) * DOL_PACK_K)                  \
+                memcpy(d, s + ((size_t)r * K + (size_t)k) * (E), (E) * DOL_PACK_K);         \
+        for (int r = 0; r < DOL_PACK_ROWS && kc < K; r++, d += (size_t)(K - kc) * (E))      \
+            memcpy(d, s + ((size_t)r * K + (size_t)kc) * (E), (size_t)(K - kc) * (E));      \
+    }
+PACK_COPY(2)
+PACK_COPY(4)
+
 static void pack_task(void *ctx, int panel, int worker)
 {
     (void)worker;
@@ -465,6 +481,12 @@ static void pack_task(void *ctx, int panel, int worker)
     const size_t dsz = dol_dtype_size(j->dst_t), ssz = dol_dtype_size(j->src_t);
     char *d = (char *)j->dst + (size_t)n0 * (size_t)K * dsz;
     const char *s = j->src;
+    if (j->dst_t == j->src_t && n0 + DOL_PACK_ROWS <= j->N) {
+        const char *p = s + (size_t)n0 * (size_t)K * ssz;
+        if (dsz == 2) pack_copy_2(d, p, K, kc);
+        else pack_copy_4(d, p, K, kc);
+        return;
+    }
     for (int k = 0; k < kc; k += DOL_PACK_K)
         for (int r = 0; r < DOL_PACK_ROWS; r++, d += DOL_PACK_K * dsz) {
             const int n = n0 + r;
