@@ -1370,9 +1370,10 @@ static int nf4_block64(const void *p, dol_dtype t, uint16_t *scale, uint8_t *cod
     __m512i c[4];
     if (s > 0.0f) {
         const __m512d sd = _mm512_set1_pd((double)s);
-        const int rd = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
-        __m256 lo = _mm512_cvt_roundpd_ps(_mm512_mul_pd(_mm512_loadu_pd(dol_nf4_mids), sd), rd);
-        __m256 hi = _mm512_cvt_roundpd_ps(_mm512_mul_pd(_mm512_loadu_pd(dol_nf4_mids + 8), sd), rd);
+#define RD (_MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC) /* an immediate, also at -O0 */
+        __m256 lo = _mm512_cvt_roundpd_ps(_mm512_mul_pd(_mm512_loadu_pd(dol_nf4_mids), sd), RD);
+        __m256 hi = _mm512_cvt_roundpd_ps(_mm512_mul_pd(_mm512_loadu_pd(dol_nf4_mids + 8), sd), RD);
+#undef RD
         const __m512 th = _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
         static const int off[4] = { 7, 3, 1, 0 }, step[4] = { 8, 4, 2, 1 };
         for (int i = 0; i < 4; i++) c[i] = _mm512_setzero_si512();
