@@ -1622,6 +1622,16 @@ static int k_q8_quantize_rows(const void *src, dol_dtype t, const dol_q8_matrix 
     return 0;
 }
 
+/* ---- checksums ------------------------------------------------------------- */
+
+/* xxHash inlined, so that its XXH3 picks this variant's vector width
+ * (XXH_VECTOR follows __AVX512F__ / __AVX2__ / SSE2); the result is the
+ * same 64 bits for every width. */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+static uint64_t k_xxh3(const void *p, size_t n) { return XXH3_64bits(p, n); }
+
 /* ---- the table ------------------------------------------------------------ */
 
 const dol_cpu_kernels DOL_CAT(dol_cpu_kernels_, DOL_CPU_VARIANT) = {
@@ -1645,4 +1655,5 @@ const dol_cpu_kernels DOL_CAT(dol_cpu_kernels_, DOL_CPU_VARIANT) = {
     .attn_head_h = k_attn_head_h,
     .nf4_quantize_rows = k_nf4_quantize_rows,
     .q8_quantize_rows = k_q8_quantize_rows,
+    .xxh3 = k_xxh3,
 };

@@ -141,6 +141,12 @@ typedef struct dol_cpu_kernels {
                              int64_t r1);
     int (*q8_quantize_rows)(const void *src, dol_dtype t, const dol_q8_matrix *m, int64_t r0,
                             int64_t r1);
+
+    /* XXH3-64 (seed 0) of the n bytes at p: the value libxxhash's
+     * XXH3_64bits gives, computed with this variant's vectors (xxHash's
+     * header, inlined); the prepared-weights cache checks its arrays
+     * with it (weights_cache.h). */
+    uint64_t (*xxh3)(const void *p, size_t n);
 } dol_cpu_kernels;
 
 /* Packed weights. A decode step streams every weight once, so the product

@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "dolphin/common.h"
+#include "engine/cpu_kernels.h"
 
 #define MAGIC "DOLWCACH"
 
@@ -86,11 +87,13 @@ typedef struct {
     uint64_t *hash;
 } hash_job;
 
+/* Array i's XXH3 by the kernel set's vector code (the same value as
+ * XXH3_64bits, at up to twice the speed with AVX-512). */
 static void hash_task(void *ctx, int i, int worker)
 {
     (void)worker;
     const hash_job *j = ctx;
-    j->hash[i] = XXH3_64bits(j->arr[i].ptr, j->arr[i].size);
+    j->hash[i] = dol_cpu_kernels_get()->xxh3(j->arr[i].ptr, j->arr[i].size);
 }
 
 static void hash_all(dol_pool *pool, const dol_wcache_array *arr, int n, uint64_t *hash)

@@ -21,7 +21,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "test_fixtures.h"
+#include "engine/cpu_kernels.h"
 #include "dolphin/engine.h"
 #include "dolphin/log.h"
 #include "dolphin/model.h"
@@ -298,6 +301,34 @@ static void test_unwritable(void **state)
     dol_model_free(m);
 }
 
+/* The cache checks its arrays with the kernel sets' XXH3: every set this
+ * CPU supports gives libxxhash's value, for every length up to 300 bytes
+ * (XXH3's short, medium and block paths), at every alignment, and for
+ * long inputs with an odd tail. */
+static void test_xxh3_sets(void **state)
+{
+    (void)state;
+    static const char *const sets[] = { "portable", "avx2", "avx512" };
+    const size_t big = (1u << 20) + 1234;
+    unsigned char *buf = malloc(big + 64);
+    assert_non_null(buf);
+    for (size_t i = 0; i < big + 64; i++) buf[i] = (unsigned char)(i * 2654435761u >> 13);
+    int tried = 0;
+    for (int s = 0; s < 3; s++) {
+        const dol_cpu_kernels *k = dol_cpu_kernels_find(sets[s]);
+        if (!k) continue;
+        tried++;
+        for (size_t n = 0; n <= 300; n++)
+            for (size_t a = 0; a < 8; a++)
+                assert_true(k->xxh3(buf + a, n) == XXH3_64bits(buf + a, n));
+        const size_t longs[] = { 1024, 4096, 65537, big };
+        for (int i = 0; i < 4; i++)
+            assert_true(k->xxh3(buf + 3, longs[i]) == XXH3_64bits(buf + 3, longs[i]));
+    }
+    assert_true(tried >= 1);
+    free(buf);
+}
+
 int main(void)
 {
     dol_log_set_level(DOL_LOG_INFO);
@@ -306,6 +337,7 @@ int main(void)
         cmocka_unit_test(test_hit_nf4),   cmocka_unit_test(test_hit_int8),
         cmocka_unit_test(test_hit_shards), cmocka_unit_test(test_stale),
         cmocka_unit_test(test_corrupt),   cmocka_unit_test(test_unwritable),
+        cmocka_unit_test(test_xxh3_sets),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
