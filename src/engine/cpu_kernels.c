@@ -1544,7 +1544,10 @@ static int q8_block32(const void *p, dol_dtype t, uint16_t *scale, int8_t *q)
         __m512i qi = _mm512_cvttps_epi32(m);
         __mmask16 neg = _mm512_cmp_ps_mask(w[i], _mm512_setzero_ps(), _CMP_LT_OQ);
         qi = _mm512_mask_sub_epi32(qi, neg, _mm512_setzero_si512(), qi);
-        _mm_storeu_si128((__m128i *)(q + 16 * i), _mm512_cvtepi32_epi8(qi));
+        if (((uintptr_t)q & 15) == 0) /* past the caches: nothing reads it during the load */
+            _mm_stream_si128((__m128i *)(q + 16 * i), _mm512_cvtepi32_epi8(qi));
+        else
+            _mm_storeu_si128((__m128i *)(q + 16 * i), _mm512_cvtepi32_epi8(qi));
     }
     return 0;
 }
@@ -1606,20 +1609,23 @@ static int k_q8_quantize_rows(const void *src, dol_dtype t, const dol_q8_matrix 
 {
     const size_t esz = w_size(t);
     const int64_t K = m->cols, full = K / DOL_Q8_BLOCK;
-    for (int64_t r = r0; r < r1; r++) {
+    int rc = 0;
+    for (int64_t r = r0; r < r1 && rc == 0; r++) {
         const char *row = (const char *)src + (size_t)(r * K) * esz;
         uint16_t *sc = m->scales + r * m->blocks_per_row;
         int8_t *qr = m->quants + r * K;
-        for (int64_t b = 0; b < full; b++)
-            if (q8_block32(row + (size_t)(b * DOL_Q8_BLOCK) * esz, t, sc + b,
-                           qr + b * DOL_Q8_BLOCK) != 0)
-                return -1;
-        if (full < m->blocks_per_row &&
-            q8_block_scalar(row + (size_t)(full * DOL_Q8_BLOCK) * esz, t,
-                            (int)(K - full * DOL_Q8_BLOCK), sc + full, qr + full * DOL_Q8_BLOCK) != 0)
-            return -1;
+        for (int64_t b = 0; b < full && rc == 0; b++)
+            rc = q8_block32(row + (size_t)(b * DOL_Q8_BLOCK) * esz, t, sc + b,
+                            qr + b * DOL_Q8_BLOCK);
+        if (rc == 0 && full < m->blocks_per_row)
+            rc = q8_block_scalar(row + (size_t)(full * DOL_Q8_BLOCK) * esz, t,
+                                 (int)(K - full * DOL_Q8_BLOCK), sc + full,
+                                 qr + full * DOL_Q8_BLOCK);
     }
-    return 0;
+#if DOL_VARIANT_ID == 3
+    _mm_sfence(); /* the streamed stores of q8_block32 before the pool's hand-back */
+#endif
+    return rc;
 }
 
 /* ---- checksums ------------------------------------------------------------- */
