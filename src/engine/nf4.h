@@ -35,7 +35,8 @@
  * level; decided exactly, in double, not on w / s rounded to float),
  * s = f16(absmax of the block); a block of zeros gets s = 0 and
  * codes 7. Weights whose magnitude exceeds the F16 range, and NaN, are
- * refused. */
+ * refused. The kernel sets compute exactly this (nf4_quantize_rows,
+ * cpu_kernels.h) without the double arithmetic. */
 #ifndef DOLPHIN_ENGINE_NF4_H
 #define DOLPHIN_ENGINE_NF4_H
 

@@ -21,7 +21,8 @@
  * q = round-half-away-from-zero(w / d) clamped to [-127, 127] (w / d in
  * double); a block of zeros gets d = 0 and q = 0. Dequantization:
  * value = q * d in float, which is exact (8 + 11 significant bits).
- * NaN or weights beyond the F16 range are refused. */
+ * NaN or weights beyond the F16 range are refused. The kernel sets compute
+ * exactly this (q8_quantize_rows, cpu_kernels.h) without a division. */
 #ifndef DOLPHIN_ENGINE_Q8_H
 #define DOLPHIN_ENGINE_Q8_H
 
