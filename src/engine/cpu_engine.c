@@ -113,14 +113,13 @@ static void *own(cpu_engine *e, size_t bytes)
         e->cap_owned = cap;
     }
     void *p = NULL;
-    /* Weight buffers of 2 MiB and more: 2 MiB-aligned and offered to the
-     * kernel for transparent huge pages, so that streaming them each step
-     * walks 512 x fewer pages (a hint: without THP they stay 4 KiB pages) */
+    /* Weight buffers of 2 MiB and more: 2 MiB-aligned, but not offered for
+     * transparent huge pages: with the checkpoint filling the page cache,
+     * faulting them in as huge pages compacts memory synchronously and made
+     * the load 2-4 x slower and erratic, for 3-6 % of decode speed
+     * (docs/performance.md, "Memory: alignment and huge pages") */
     size_t align = bytes >= HUGE_PAGE ? HUGE_PAGE : 64;
     if (posix_memalign(&p, align, bytes ? bytes : 64) != 0) return NULL;
-#ifdef MADV_HUGEPAGE
-    if (align == HUGE_PAGE) (void)madvise(p, bytes & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
-#endif
     e->owned[e->n_owned++] = p;
     return p;
 }
