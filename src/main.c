@@ -101,6 +101,7 @@ int main(int argc, char **argv)
             exit_code = config_error ? 2 : 1;
             goto out;
         }
+        dol_server_set_state(srv, dol_models_warming(models) ? DOL_STATE_WARMING : DOL_STATE_LOADING);
         if ((sig = wait_signal(&sigs, 20)) != 0) {
             dol_log(DOL_LOG_INFO, "stopping", "signal=%s during=start-up", signal_name(sig));
             _exit(0);

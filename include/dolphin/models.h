@@ -56,6 +56,9 @@ int dol_models_startup(dol_models *m, char *err, size_t errlen, bool *config_err
 /* Readiness: every pinned model loaded; with none pinned, the first has
  * loaded (it may be unloaded later like any other). */
 bool dol_models_ready(dol_models *m);
+/* Whether a start-up model is in its warm-up now (any thread; the main
+ * thread shows it as the server's "warming" state). */
+bool dol_models_warming(dol_models *m);
 
 int dol_models_count(const dol_models *m);
 /* The entry answering to `id` (a name or an alias); NULL or "" picks the

@@ -673,7 +673,18 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
     e->tok_run = xcalloc(T + 1, sizeof(int), &fail);
     if (fail) goto oom;
     if (p->fast_prefill) {
-        if (dol_amx_available()) {
+        /* F32 weights keep the exact kernels (cpu_ops.h); so does a kernel
+         * set below avx512 forced by DOLPHIN_CPU_KERNELS */
+        const linear_w *q0 = c->n_layers > 0 ? &e->L[0].q : NULL;
+        const bool eligible = q0 && (q0->nf4 || q0->q8 ||
+                                     (q0->packed && (q0->w.dtype == DOL_DTYPE_F16 ||
+                                                     q0->w.dtype == DOL_DTYPE_BF16)));
+        const bool wide = strcmp(dol_cpu_kernels_get()->name, "avx512") == 0;
+        if (!eligible || !wide) {
+            dol_log(DOL_LOG_INFO, "cpu_fast_prefill_unavailable",
+                    "batch_invariant=false reason=%s; products stay exact",
+                    !eligible ? "f32_weights" : "kernel_set_below_avx512");
+        } else if (dol_amx_available()) {
             int kmax = c->hidden_size > e->q_dim ? c->hidden_size : e->q_dim;
             if (c->intermediate_size > kmax) kmax = c->intermediate_size;
             if (dol_cpu_fast_reserve(&e->fast, e->max_T, kmax) != 0) goto oom;

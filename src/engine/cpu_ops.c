@@ -241,7 +241,9 @@ static void pack_x_task(void *ctx, int task, int worker)
 static void fast_prepare(dol_pool *pool, fused_job *j)
 {
     dol_cpu_fast *f = j->W[0]->fast;
-    if (!f || j->T < DOL_CPU_FAST_MIN_T || j->K % DOL_AMX_K != 0 || !dol_amx_available()) return;
+    if (!f || j->T < DOL_CPU_FAST_MIN_T || j->K % DOL_AMX_K != 0 || j->k->lanes != 16 ||
+        !dol_amx_available())
+        return;
     for (int i = 0; i < j->n_w; i++)
         if (!fast_weight_ok(j->W[i])) return;
     if (dol_cpu_fast_reserve(f, j->T, j->K) != 0) return;

@@ -525,9 +525,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     double total_ms = dol_now_ms() - c->t0_ms;
     dol_http_metrics_record(c, status, prompt_tokens, completion_tokens, queue_ms, ttft_ms,
                             total_ms, n_seqs);
-    dol_log_level lvl = status >= 500 ? DOL_LOG_ERROR : (ok ? DOL_LOG_INFO : DOL_LOG_WARN);
-    /* successful probes and scrapes (every few seconds) only at debug level */
-    if (ok && status == 200 && ROUTE_IS_PROBE(c->route)) lvl = DOL_LOG_DEBUG;
+    /* 503 is a state (loading, warming, draining, full), not a fault */
+    dol_log_level lvl = status >= 500 && status != 503 ? DOL_LOG_ERROR
+                        : (ok && status != 503 ? DOL_LOG_INFO : DOL_LOG_WARN);
+    /* probes and scrapes (every few seconds): successes at debug level,
+     * failures at info */
+    if (ROUTE_IS_PROBE(c->route) && ok) lvl = status == 200 ? DOL_LOG_DEBUG : DOL_LOG_INFO;
     char mq[300];
     dol_log(lvl, "request",
             "request_id=%s method=%s route=%s model=%s status=%d prompt_tokens=%d "

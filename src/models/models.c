@@ -77,6 +77,7 @@ struct dol_models {
     int n_threads;               /* load threads still running */
     bool draining;
     atomic_bool stopping;
+    atomic_int warming;          /* start-up models in their warm-up */
 };
 
 const char *dol_model_state_name(dol_model_state s)
@@ -348,8 +349,8 @@ fail:
 /* Finish loading entry me into o, opened by open_checkpoint: engine,
  * scheduler, warm-up (nothing held on failure). 0, or -1 with err
  * (*config_error: a setting is at fault). No lock held. */
-static int load_objects(dol_models *m, const dol_model_entry *me, objects *o, char *err,
-                        size_t errlen, bool *config_error)
+static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, objects *o,
+                        char *err, size_t errlen, bool *config_error)
 {
     const dol_config *cfg = m->cfg;
     double t0 = dol_now_ms();
@@ -422,7 +423,9 @@ static int load_objects(dol_models *m, const dol_model_entry *me, objects *o, ch
                 qs.linear_f16_bytes ? (double)qs.linear_bytes / (double)qs.linear_f16_bytes : 0.0,
                 me->quantize_lm_head ? dol_config_choice_name("weights", me->weights) : "kept");
     if (cfg->warmup) {
+        if (startup) atomic_fetch_add(&m->warming, 1);
         int wrc = warm_up(m, me->name, o->sched, o->model, err, errlen);
+        if (startup) atomic_fetch_sub(&m->warming, 1);
         if (wrc == 2) dol_set_err(err, errlen, "the server is stopping");
         if (wrc != 0) goto fail;
     }
@@ -581,7 +584,7 @@ static void *load_main(void *arg)
         e->making_room = false;
         pthread_mutex_unlock(&m->mu);
         if (room != 0) objects_free(&o);
-        rc = room == 0 ? load_objects(m, e->cfg, &o, err, sizeof err, &config_error) : -1;
+        rc = room == 0 ? load_objects(m, e->cfg, e->startup, &o, err, sizeof err, &config_error) : -1;
     }
 
     pthread_mutex_lock(&m->mu);
@@ -754,6 +757,8 @@ int dol_models_startup(dol_models *m, char *err, size_t errlen, bool *config_err
     pthread_mutex_unlock(&m->mu);
     return rc;
 }
+
+bool dol_models_warming(dol_models *m) { return atomic_load(&m->warming) > 0; }
 
 bool dol_models_ready(dol_models *m)
 {

@@ -76,3 +76,14 @@ def test_config_key():
             srv.stop()
     finally:
         os.unlink(path)
+
+
+def test_f32_weights_stay_exact():
+    """F32 weights keep the exact kernels, and the start-up log says why."""
+    srv = Dolphind("stories260K", ["--no-batch-invariant"])
+    try:
+        log = srv.log()
+        assert "event=cpu_fast_prefill " not in log
+        assert "event=cpu_fast_prefill_unavailable" in log and "reason=f32_weights" in log, log[-3000:]
+    finally:
+        srv.stop()

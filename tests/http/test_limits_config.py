@@ -351,3 +351,18 @@ def test_livez_stays_fast_during_megabyte_prompts(big):
     assert all(code == 400 for code, _ in results), results
     assert max(dt for _, dt in results) < 2 * FAST_S, results
     assert max(lat) < FAST_S, sorted(lat)[-5:]
+
+
+def test_default_config_file_holds_every_documented_key():
+    """configs/dolphin.yaml holds every key of docs/configuration.md's
+    settings table (top-level keys; models: entries have their own table)."""
+    import re
+    from dolphin_server import REPO
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    table = doc.split("## Settings", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `([a-z_0-9]+)` \|", table, re.M))
+    yaml_keys = set(re.findall(r"^([a-z_0-9]+):", (REPO / "configs" / "dolphin.yaml").read_text(),
+                               re.M))
+    assert documented, "no keys found in the settings table"
+    # models: is the list form of model: (documented with an example there)
+    assert documented - yaml_keys - {"models"} == set()

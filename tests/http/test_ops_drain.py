@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from dolphin_server import Dolphind, parse_sse
+from dolphin_server import BIN, Dolphind, free_port, model_dir, parse_sse
 from ops_util import log_records
 
 # stories260K: 512 positions. 480 greedy tokens with usage at the end: a
@@ -218,6 +218,47 @@ def test_warm_up_before_ready():
         assert "dolphin_generation_tokens_total 0\n" in m
     finally:
         srv.stop()
+
+
+def test_healthz_and_requests_while_warming():
+    """During the warm-up /healthz says 503 "warming" and requests get 503
+    model_warming; before it "loading", after it 200 "ready". A batch of 256
+    sequences makes the warm-up long enough to watch."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([str(BIN), "--model", str(model_dir("tiny-llama2")), "--host",
+                             "127.0.0.1", "--port", str(port), "--threads", "2",
+                             "--max-batch-size", "256"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen, codes = [], set()
+    try:
+        deadline = time.monotonic() + 120
+        with requests.Session() as s:
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    h = s.get(url + "/healthz", timeout=5)
+                except requests.RequestException:
+                    time.sleep(0.005)
+                    continue
+                status = h.json()["status"]
+                if not seen or seen[-1] != status:
+                    seen.append(status)
+                if status == "warming":
+                    r = s.post(url + "/v1/completions", json={"prompt": "Once", "max_tokens": 1},
+                               timeout=5)
+                    codes.add((r.status_code, r.json()["error"]["code"] if r.status_code != 200
+                               else None))
+                if h.status_code == 200:
+                    break
+        assert seen[-1] == "ready", seen
+        assert "warming" in seen and seen.index("warming") < seen.index("ready"), seen
+        assert set(seen) <= {"loading", "warming", "ready"}, seen
+        # a request that raced the end of the warm-up may have been served
+        assert (503, "model_warming") in codes, codes
+        assert codes <= {(503, "model_warming"), (200, None)}, codes
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
 
 
 def test_no_warmup_flag_still_ready():
