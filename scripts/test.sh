@@ -15,11 +15,38 @@
 # check), and the GPU verification kit rehearsed under that emulation
 # (scripts/gpu-kit rehearse). Fixtures come from $DOLPHIN_SHARED (default ../shared).
 # Exits non-zero when anything fails.
+#
+# --quick: the development loop, a few minutes: the Release build (CUDA
+# off), its unit tests, and the HTTP tests of the API, errors, streaming,
+# the scheduler and the official openai client against it. CI and the
+# README's test command run the whole suite (no argument).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DOLPHIN_SHARED="${DOLPHIN_SHARED:-$(cd .. && pwd)/shared}"
 
+quick=0
+case "${1:-}" in
+  "") ;;
+  --quick) quick=1 ;;
+  *) echo "usage: scripts/test.sh [--quick]" >&2; exit 2 ;;
+esac
+
 bash scripts/setup.sh
+
+if [ "$quick" = 1 ]; then
+  echo "== quick: build (Release, CUDA off: build-quick)"
+  cmake -S . -B build-quick -DCMAKE_BUILD_TYPE=Release -DDOLPHIN_CUDA=OFF >/dev/null
+  cmake --build build-quick -j"$(nproc)"
+  echo "== quick: unit tests (ctest)"
+  ctest --test-dir build-quick --output-on-failure -LE cuda
+  echo "== quick: HTTP tests (a subset, against build-quick/dolphind)"
+  DOLPHIN_BIN="$PWD/build-quick/dolphind" .venv/bin/python -m pytest -q -p no:cacheprovider \
+    tests/http/test_api_completions.py tests/http/test_api_chat.py \
+    tests/http/test_api_streaming.py tests/http/test_errors.py tests/http/test_limits.py \
+    tests/http/test_scheduler.py tests/http/test_openai_client.py tests/http/test_golden.py
+  echo "== quick tests passed (the whole suite: scripts/test.sh)"
+  exit 0
+fi
 
 echo "== build (Release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null

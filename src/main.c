@@ -1,6 +1,6 @@
 /* src/main.c — dolphind: read the config, start the HTTP server (answering
  * /healthz 503 while loading), hand it the registry of the models it serves
- * (src/models/models.c: each loaded model has its own checkpoint,
+ * (src/registry/registry.c: each loaded model has its own checkpoint,
  * tokenizer, engine and scheduler, loads on demand and is unloaded least
  * recently used first), wait for the start-up models (the pinned ones, or
  * the first) to load and warm up, report ready, and on SIGTERM/SIGINT drain

@@ -69,7 +69,7 @@ typedef struct {
                                    use for weights + KV cache + workspaces
                                    (default 0.90) */
     int n_threads;            /* threads of the matmul pool (>= 1) */
-    int kv_block_size;        /* tokens per KV block (default 16) */
+    int kv_block_size;        /* tokens per KV block (>= 1) */
     int64_t kv_cache_tokens;  /* pool capacity in tokens, rounded up to whole
                                  blocks; 0 = derive from kv_cache_bytes */
     int64_t kv_cache_bytes;   /* used when kv_cache_tokens == 0; 0 = the
@@ -81,8 +81,8 @@ typedef struct {
                                  (0 = 0.9) */
     dol_kv_dtype kv_dtype;    /* CPU: F32 or F16 cache (AUTO resolved by
                                  dol_engine_create); CUDA: always F16 */
-    int max_seqs;             /* max live sequences (block tables) */
-    int max_batch_tokens;     /* max tokens in one forward call (workspace) */
+    int max_seqs;             /* max live sequences (block tables), >= 1 */
+    int max_batch_tokens;     /* max tokens in one forward call (workspace), >= 1 */
     int context_len;          /* max positions per sequence; 0 = model's
                                  max_position_embeddings */
     dol_weight_format weights;

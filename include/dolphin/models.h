@@ -96,10 +96,13 @@ void dol_models_cancel_wait(dol_models *m, int idx, void *user);
 /* Drop a lease; the model becomes the most recently used. */
 void dol_models_release(dol_models *m, int idx);
 
-/* The scheduler of a leased model: submit (DRAINING when it is gone) and
- * its figures (false when it is not loaded). */
-dol_submit_result dol_models_submit(dol_models *m, int idx, dol_request *r, char *err,
-                                    size_t errlen);
+/* The scheduler of a leased model, called under the registry's lock so that
+ * it cannot be freed meanwhile: dol_scheduler_submit and dol_scheduler_fit
+ * (both DRAINING when it is gone), and its figures (false when it is not
+ * loaded). Any thread. */
+dol_reason dol_models_submit(dol_models *m, int idx, dol_request *r, dol_reason_info *why);
+dol_reason dol_models_fit(dol_models *m, int idx, int n_prompt, int n, int max_new, int *fit,
+                          dol_reason_info *why);
 bool dol_models_sched_stats(dol_models *m, int idx, dol_scheduler_stats *st);
 
 /* One entry as /v1/models, /metrics and /healthz show it. */

@@ -34,8 +34,46 @@ typedef enum {
     DOL_FINISH_NONE = 0,   /* still running */
     DOL_FINISH_STOP,       /* EOS or a stop string */
     DOL_FINISH_LENGTH,     /* max_tokens or the context length reached */
-    DOL_FINISH_ERROR,      /* see dol_request.error_* */
+    DOL_FINISH_ERROR,      /* see dol_request_state.error */
 } dol_finish_reason;
+
+/* Why the scheduler refused a request, or ended one that did not finish.
+ * The scheduler's own vocabulary: the API layer maps each reason to what a
+ * client sees (status, error type, code, message: src/api/errors.c). */
+typedef enum {
+    DOL_REASON_NONE = 0,         /* accepted / not failed */
+    DOL_REASON_QUEUE_FULL,       /* max_queue requests already wait */
+    DOL_REASON_DRAINING,         /* the scheduler admits nothing more, or stopped */
+    DOL_REASON_CONTEXT_OVERFLOW, /* prompt + max_tokens is past the context */
+    DOL_REASON_KV_OVERFLOW,      /* prompt + max_tokens x n can never fit the
+                                    whole KV pool */
+    DOL_REASON_BAD_TOKEN,        /* a prompt token id outside the vocabulary */
+    DOL_REASON_TOO_MANY_CHOICES, /* n is more than max_batch_size */
+    DOL_REASON_INVALID,          /* n < 1, an empty prompt, max_tokens < 0 */
+    DOL_REASON_CANCELLED,        /* dol_request_cancel: the client went away */
+    DOL_REASON_TIMED_OUT,        /* timeout_ms passed, queued or running */
+    DOL_REASON_NO_MEMORY,        /* out of memory while queueing or generating */
+    DOL_REASON_BACKEND_FAILURE,  /* the engine's forward pass failed */
+    DOL_REASON_GRAMMAR_BROKEN,   /* a sampled token the grammar rejects (a bug) */
+} dol_reason;
+
+/* A reason with the figures that explain it (zero where they do not apply). */
+typedef struct {
+    dol_reason reason;
+    int n_prompt;            /* the request's prompt tokens */
+    int max_tokens;          /* asked for per choice; -1: "as many as fit" */
+    int n;                   /* choices */
+    int limit;               /* the bound it ran into: CONTEXT_OVERFLOW the
+                                context length, KV_OVERFLOW the pool's tokens,
+                                BAD_TOKEN the vocabulary size,
+                                TOO_MANY_CHOICES max_batch_size, QUEUE_FULL
+                                max_queue */
+    int token, position;     /* BAD_TOKEN: the id and where it is */
+    double timeout_ms;       /* TIMED_OUT: the request's timeout */
+} dol_reason_info;
+
+/* A stable lowercase name for logs and tests ("queue_full", ...). */
+const char *dol_reason_name(dol_reason r);
 
 /* "stop", "length", "error", or NULL for DOL_FINISH_NONE. */
 const char *dol_finish_reason_str(dol_finish_reason f);
@@ -110,10 +148,7 @@ typedef struct {
 /* The request as a whole, as of the last read. */
 typedef struct {
     bool done;               /* every choice finished (or the request failed) */
-    int error_status;        /* HTTP status when it failed (0 = none) */
-    char error_type[48];     /* OpenAI error type, e.g. "timeout_error" */
-    char error_code[48];
-    char error_msg[256];
+    dol_reason_info error;   /* why it failed; reason NONE = it did not */
     int n_cached_prompt;     /* prompt tokens whose K/V came from the prefix
                                 cache (usage.prompt_tokens_details) */
     dol_token_logprob *prompt_lps; /* echo_logprobs: n_prompt entries once the
@@ -135,13 +170,15 @@ void dol_request_state_free(dol_request_state *st);
 
 typedef enum { DOL_BATCH_CONTINUOUS = 0, DOL_BATCH_STATIC = 1 } dol_batch_mode;
 
+/* Every field is required (the defaults are the configuration's: src/config,
+ * docs/configuration.md); dol_scheduler_create refuses a value out of range. */
 typedef struct {
-    int max_batch_size;          /* sequences in one step (default 8) */
-    int batch_window_ms;         /* default 50 */
+    int max_batch_size;          /* sequences in one step, >= 1 */
+    int batch_window_ms;         /* >= 0 */
     dol_batch_mode mode;
-    int max_queue;               /* waiting requests before 429 */
-    double memory_high_watermark;/* fraction of the KV pool (default 0.80) */
-    int prefill_chunk;           /* max prompt tokens of one sequence per step */
+    int max_queue;               /* waiting requests before QUEUE_FULL, >= 1 */
+    double memory_high_watermark;/* fraction of the KV pool, (0, 1] */
+    int prefill_chunk;           /* max prompt tokens of one sequence per step, >= 1 */
     /* For tests. clock_ms: the clock of arrivals, the batch window and
      * timeouts, in ms (NULL = dol_now_ms). manual: no thread of its own;
      * the caller drives the loop with dol_scheduler_tick. */
@@ -153,26 +190,35 @@ typedef struct {
 typedef struct dol_scheduler dol_scheduler;
 
 /* Create the scheduler and start its thread. The engine and tokenizer must
- * outlive it. -1 with err on failure. */
+ * outlive it. -1 with err on failure (out of memory, a parameter out of
+ * range). */
 int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
                          const dol_scheduler_params *p, dol_scheduler **out,
                          char *err, size_t errlen);
-/* Stop the thread (ends every queued or running request with 503) and free. */
+/* Stop the thread (ends every queued or running request with reason
+ * DRAINING) and free. */
 void dol_scheduler_free(dol_scheduler *s);
 
-typedef enum {
-    DOL_SUBMIT_OK = 0,
-    DOL_SUBMIT_QUEUE_FULL,   /* 429, Retry-After */
-    DOL_SUBMIT_TOO_LONG,     /* 400: prompt + max_tokens can never fit the
-                                context or the KV pool */
-    DOL_SUBMIT_DRAINING,     /* 503 */
-    DOL_SUBMIT_INVALID,      /* 400: e.g. a token id out of range */
-} dol_submit_result;
+/* Queue a request (takes a reference). Returns DOL_REASON_NONE, or why it
+ * was refused (QUEUE_FULL, DRAINING, the reasons of dol_scheduler_fit,
+ * BAD_TOKEN, TOO_MANY_CHOICES, INVALID, NO_MEMORY) with the figures in *why
+ * (may be NULL); then nothing is queued. Thread-safe. */
+dol_reason dol_scheduler_submit(dol_scheduler *s, dol_request *r, dol_reason_info *why);
 
-/* Queue a request (takes a reference). On anything but DOL_SUBMIT_OK nothing
- * is queued and `err` says why in one line. Thread-safe. */
-dol_submit_result dol_scheduler_submit(dol_scheduler *s, dol_request *r,
-                                       char *err, size_t errlen);
+/* Whether a request fits, the one place that decides it: how many new
+ * tokens each of n choices of an n_prompt-token prompt can have. Every
+ * choice reserves its blocks for prompt + max_tokens at admission; choices
+ * 2..n share the prompt's whole blocks.
+ *   max_new >= 0: max_new when prompt + max_new fits the context and the
+ *                 n choices fit the whole KV pool, else CONTEXT_OVERFLOW or
+ *                 KV_OVERFLOW;
+ *   max_new < 0:  as many as fit both (the rest of the context, capped by
+ *                 the pool), CONTEXT_OVERFLOW when that is less than one.
+ * *fit gets the count (0 on a refusal); *why the reason and figures (may be
+ * NULL). The answer depends on the engine's fixed sizes only, not on what
+ * is in use now. Thread-safe (reads nothing that changes). */
+dol_reason dol_scheduler_fit(const dol_scheduler *s, int n_prompt, int n, int max_new,
+                             int *fit, dol_reason_info *why);
 
 /* Stop admitting new requests (submit answers DRAINING); queued and running
  * ones go on. Thread-safe. */

@@ -39,6 +39,30 @@ void dol_api_error_invalid(dol_api_error *e, const char *param,
 /* The error's JSON body, malloc'd (NULL on OOM). */
 char *dol_api_error_json(const dol_api_error *e);
 
+/* The errors that several layers give, each worded in one place: */
+/* 500 internal_error "Out of memory."; returns -1 (for `return oom`). */
+int dol_api_error_oom(dol_api_error *e);
+/* 503 server_draining: the server is shutting down. */
+void dol_api_error_draining(dol_api_error *e);
+/* 503 model_loading: no model is loaded to serve the request yet. */
+void dol_api_error_not_loaded(dol_api_error *e);
+/* 504 timeout_error request_timeout; while_doing (may be NULL) says what was
+ * still going on, e.g. "model 'x' was still loading". */
+void dol_api_error_timeout(dol_api_error *e, double timeout_s, const char *while_doing);
+/* What a client sees for a scheduler reason (include/dolphin/scheduler.h):
+ * status, type, code, param and message, with the figures of `in`. param:
+ * the prompt's field ("prompt" or "messages"; NULL = "prompt").
+ *   QUEUE_FULL 429 rate_limit_exceeded; DRAINING 503 server_draining;
+ *   CONTEXT_OVERFLOW, KV_OVERFLOW 400 context_length_exceeded;
+ *   BAD_TOKEN, TOO_MANY_CHOICES, INVALID 400 invalid_request_error;
+ *   TIMED_OUT 504 timeout_error; CANCELLED 499 (never sent: the client is
+ *   gone); NO_MEMORY, BACKEND_FAILURE, GRAMMAR_BROKEN 500. */
+void dol_api_error_from_reason(dol_api_error *e, const dol_reason_info *in, const char *param);
+/* The same for a refusal judged from a lower bound on the prompt's tokens
+ * (in->n_prompt), before tokenizing: the message says so. */
+void dol_api_error_prompt_too_long(dol_api_error *e, const dol_reason_info *in,
+                                   const char *param);
+
 /* ---- request bodies -------------------------------------------------- */
 
 /* Strict UTF-8 check: no overlong forms, surrogates or code points past
@@ -84,7 +108,8 @@ typedef struct {
  * sizes of the arrays that hold them (DOL_MAX_STOP, DOL_MAX_LOGIT_BIAS). */
 typedef struct {
     int vocab_size;          /* token ids must be in [0, vocab_size) */
-    int context_len;         /* prompt + max_tokens limit */
+    int context_len;         /* the model's context (max_prompt_tokens at or
+                                above it is no limit of its own) */
     int default_max_tokens;  /* when max_tokens is absent or null */
     float default_temperature;
     float default_top_p;
@@ -184,25 +209,17 @@ int dol_api_parse_chat(const cJSON *body, const dol_api_limits *lim,
                        dol_completion_params *p, dol_api_error *e);
 void dol_api_completion_params_free(dol_completion_params *p);
 
-/* 400 context_length_exceeded when n_prompt + max_tokens > context_len. */
-int dol_api_check_context(int n_prompt, int64_t max_tokens, int context_len,
-                          dol_api_error *e);
 /* 400 context_length_exceeded naming `param` ("prompt" or "messages") and
  * max_prompt_tokens when lim->max_prompt_tokens is set below the context and
- * the prompt has more tokens than it (at the context, dol_api_check_context
- * is the check). */
+ * the prompt has more tokens than it. Whether a prompt fits the context and
+ * the KV cache is the scheduler's to say (dol_scheduler_fit). */
 int dol_api_check_prompt_tokens(int64_t n_prompt, const dol_api_limits *lim,
                                 const char *param, dol_api_error *e);
-/* The prompt's share of those checks before tokenizing, from a lower bound
- * on its tokens (dol_tokenizer_min_tokens, plus BOS): 400
- * context_length_exceeded naming `param` when even min_prompt tokens are
- * over max_prompt_tokens, or leave no room in the context (none needed when
- * max_tokens is 0, one otherwise). Lets the server refuse a prompt that can
- * never fit without spending seconds encoding it; a prompt that passes is
- * short enough to encode quickly, and the exact checks follow. */
-int dol_api_check_prompt_bound(int64_t min_prompt, int64_t max_tokens,
-                               const dol_api_limits *lim, const char *param,
-                               dol_api_error *e);
+/* The same check before tokenizing, from a lower bound on the prompt's
+ * tokens (dol_tokenizer_min_tokens, plus BOS): lets the server refuse a
+ * prompt that can never pass without spending seconds encoding it. */
+int dol_api_check_prompt_bound(int64_t min_prompt, const dol_api_limits *lim,
+                               const char *param, dol_api_error *e);
 
 /* ---- responses --------------------------------------------------------- */
 

@@ -16,12 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int oom(dol_api_error *e)
-{
-    dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
-    return -1;
-}
-
 /* ---- messages ------------------------------------------------------------- */
 
 void dol_api_messages_free(dol_chat_message *m, int n)
@@ -52,12 +46,12 @@ static int parse_content(const cJSON *v, int index, dol_chat_message *m, dol_api
             return -1;
         }
         m->content = strdup("");
-        return m->content ? 0 : oom(e);
+        return m->content ? 0 : dol_api_error_oom(e);
     }
     if (cJSON_IsString(v)) {
         m->len = strlen(v->valuestring);
         m->content = strdup(v->valuestring);
-        return m->content ? 0 : oom(e);
+        return m->content ? 0 : dol_api_error_oom(e);
     }
     if (!cJSON_IsArray(v)) {
         dol_api_error_invalid(e, param, "'%s' must be a string or an array of text parts.",
@@ -78,7 +72,7 @@ static int parse_content(const cJSON *v, int index, dol_chat_message *m, dol_api
         total += strlen(text->valuestring) + 1;
     }
     m->content = malloc(total);
-    if (!m->content) return oom(e);
+    if (!m->content) return dol_api_error_oom(e);
     size_t o = 0;
     cJSON_ArrayForEach(part, v) {
         const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
@@ -112,7 +106,7 @@ int dol_api_parse_messages(const cJSON *v, dol_chat_message **out, int *n,
         return -1;
     }
     dol_chat_message *m = calloc((size_t)count, sizeof *m);
-    if (!m) return oom(e);
+    if (!m) return dol_api_error_oom(e);
     int i = 0;
     const cJSON *x;
     cJSON_ArrayForEach(x, v) {
@@ -247,7 +241,7 @@ static int add_turn(const dol_tokenizer *tok, id_list *out, const str_buf *text,
     int rc = (bos >= 0 ? ids_push(out, &bos, 1) : 0) || ids_push(out, ids, (int)n) ||
              (eos && eos_id >= 0 ? ids_push(out, &eos_id, 1) : 0);
     free(ids);
-    return rc ? oom(e) : 0;
+    return rc ? dol_api_error_oom(e) : 0;
 }
 
 /* The role order: after an optional leading system message, user,
@@ -326,7 +320,7 @@ int dol_api_chat_prompt_ids(const dol_tokenizer *tok, const dol_chat_message *m,
     rc = 0;
     goto done;
 oom:
-    oom(e);
+    dol_api_error_oom(e);
 done:
     free(out.ids);
     free(user.s);
@@ -346,7 +340,7 @@ int dol_api_chat_min_tokens(const dol_tokenizer *tok, const dol_chat_message *m,
     int rc = 0;
     for (int i = first; i < n; i += 2) {
         if (turn_text(m, n, first, i, &user, &turn)) {
-            rc = oom(e);
+            rc = dol_api_error_oom(e);
             break;
         }
         total += (bos >= 0) + (int64_t)dol_tokenizer_min_tokens(tok, turn.s, turn.n) +

@@ -243,7 +243,7 @@ cJSON *dol_api_parse_object(const char *body, size_t len, int max_depth,
     bool oom = false;
     const char *dup = duplicate_key(root, &oom);
     if (dup || oom) {
-        if (oom) dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+        if (oom) dol_api_error_oom(e);
         else dol_api_error_invalid(e, NULL, "The key '%.100s' appears twice in one object of "
                                    "the request body.", dup);
         cJSON_Delete(root);
@@ -260,4 +260,139 @@ bool dol_api_content_type_is_json(const char *ct)
     while (n > 0 && (ct[n - 1] == ' ' || ct[n - 1] == '\t')) n--;
     static const char want[] = "application/json";
     return n == sizeof want - 1 && strncasecmp(ct, want, n) == 0;
+}
+
+/* ---- one message per condition ------------------------------------------ */
+
+int dol_api_error_oom(dol_api_error *e)
+{
+    dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+    return -1;
+}
+
+void dol_api_error_draining(dol_api_error *e)
+{
+    dol_api_error_set(e, 503, "service_unavailable", NULL, "server_draining",
+                      "The server is shutting down and accepts no new requests; retry on "
+                      "another replica.");
+}
+
+void dol_api_error_timeout(dol_api_error *e, double timeout_s, const char *while_doing)
+{
+    dol_api_error_set(e, 504, "timeout_error", NULL, "request_timeout",
+                      "The request did not finish within request_timeout_s (%g s)%s%s.",
+                      timeout_s, while_doing ? ": " : "", while_doing ? while_doing : "");
+}
+
+/* The context-length message, whichever way the limit was met:
+ * the tokens asked for (prompt + max_tokens), no room left after a prompt
+ * when max_tokens was not given, or a prompt too long judged from its
+ * length before it is tokenized (estimated). */
+static void context_exceeded(dol_api_error *e, const dol_reason_info *in, const char *param,
+                             bool estimated)
+{
+    const char *what = in->max_tokens >= 0 && !estimated && in->n_prompt < in->limit
+                           ? "max_tokens" : param;
+    char detail[320];
+    if (estimated)
+        snprintf(detail, sizeof detail, "the %s alone is at least %d tokens long (judged from "
+                 "its length, without tokenizing it), which leaves no room for the completion",
+                 param, in->n_prompt);
+    else if (in->max_tokens < 0)
+        snprintf(detail, sizeof detail, "the %s take %d, which leaves no room for the answer",
+                 param, in->n_prompt);
+    else
+        snprintf(detail, sizeof detail, "you requested %lld tokens (%d in the %s, %d for the "
+                 "completion)", (long long)in->n_prompt + in->max_tokens, in->n_prompt, param,
+                 in->max_tokens);
+    dol_api_error_set(e, 400, "invalid_request_error", what, "context_length_exceeded",
+                      "This model's maximum context length is %d tokens. However, %s. Please "
+                      "reduce the length of the %s%s.", in->limit, detail, param,
+                      in->max_tokens > 0 && !estimated ? " or max_tokens" : "");
+}
+
+static void map_reason(dol_api_error *e, const dol_reason_info *in, const char *param,
+                       bool estimated)
+{
+    if (!param) param = "prompt";
+    switch (in->reason) {
+    case DOL_REASON_NONE:
+        dol_api_error_set(e, 500, "internal_error", NULL, NULL, "The request failed.");
+        return;
+    case DOL_REASON_QUEUE_FULL:
+        dol_api_error_set(e, 429, "rate_limit_exceeded", NULL, "queue_full",
+                          "The server is busy: %d requests are already waiting (max_queue). "
+                          "Retry shortly.", in->limit);
+        return;
+    case DOL_REASON_DRAINING:
+        dol_api_error_draining(e);
+        return;
+    case DOL_REASON_CONTEXT_OVERFLOW:
+        context_exceeded(e, in, param, estimated);
+        return;
+    case DOL_REASON_KV_OVERFLOW:
+        if (in->max_tokens < 0 || estimated)
+            dol_api_error_set(e, 400, "invalid_request_error", param, "context_length_exceeded",
+                              "The %s (%s%d tokens) leaves no room for an answer of %d "
+                              "choice(s) in the KV cache (%d tokens). Please reduce the length "
+                              "of the %s or n.", param, estimated ? "at least " : "",
+                              in->n_prompt, in->n, in->limit, param);
+        else
+            dol_api_error_set(e, 400, "invalid_request_error", "max_tokens",
+                              "context_length_exceeded",
+                              "The %s (%d tokens) plus max_tokens (%d) for each of %d choice(s) "
+                              "can never fit in the KV cache (%d tokens). Please reduce the "
+                              "length of the %s, max_tokens or n.", param, in->n_prompt,
+                              in->max_tokens, in->n, in->limit, param);
+        return;
+    case DOL_REASON_BAD_TOKEN:
+        dol_api_error_invalid(e, param, "Token id %d at position %d of the %s is out of range "
+                              "[0, %d).", in->token, in->position, param, in->limit);
+        return;
+    case DOL_REASON_TOO_MANY_CHOICES:
+        dol_api_error_invalid(e, "n", "'n' is %d but this server runs at most %d sequences "
+                              "at once (max_batch_size).", in->n, in->limit);
+        return;
+    case DOL_REASON_INVALID:
+        dol_api_error_invalid(e, NULL, "Invalid request: n must be at least 1, the %s must "
+                              "not be empty and max_tokens not negative.", param);
+        return;
+    case DOL_REASON_CANCELLED:
+        /* nobody reads it (the client is gone); the log shows status 499 */
+        dol_api_error_set(e, 499, "cancelled", NULL, NULL, "The client closed the connection.");
+        return;
+    case DOL_REASON_TIMED_OUT:
+        dol_api_error_timeout(e, in->timeout_ms / 1000.0, NULL);
+        return;
+    case DOL_REASON_NO_MEMORY:
+        dol_api_error_oom(e);
+        return;
+    case DOL_REASON_BACKEND_FAILURE:
+        dol_api_error_set(e, 500, "server_error", NULL, NULL,
+                          "Internal error in the forward pass (the server log has the cause).");
+        return;
+    case DOL_REASON_GRAMMAR_BROKEN:
+        dol_api_error_set(e, 500, "server_error", NULL, NULL,
+                          "Structured output: the sampler picked a token the grammar does not "
+                          "allow.");
+        return;
+    }
+    dol_api_error_set(e, 500, "internal_error", NULL, NULL, "The request failed.");
+}
+
+void dol_api_error_from_reason(dol_api_error *e, const dol_reason_info *in, const char *param)
+{
+    map_reason(e, in, param, false);
+}
+
+void dol_api_error_prompt_too_long(dol_api_error *e, const dol_reason_info *in,
+                                   const char *param)
+{
+    map_reason(e, in, param, true);
+}
+
+void dol_api_error_not_loaded(dol_api_error *e)
+{
+    dol_api_error_set(e, 503, "service_unavailable", NULL, "model_loading",
+                      "The model is not loaded yet; retry shortly.");
 }

@@ -80,11 +80,6 @@ static int get_bool(const cJSON *v, const char *name, bool *out,
     return 0;
 }
 
-static int oom(dol_api_error *e)
-{
-    dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
-    return -1;
-}
 
 /* ---- configured limits ------------------------------------------------- */
 
@@ -142,7 +137,7 @@ static int prompt_from_string(const cJSON *s, dol_api_prompt *pr,
 {
     size_t n = strlen(s->valuestring);
     pr->text = malloc(n + 1);
-    if (!pr->text) return oom(e);
+    if (!pr->text) return dol_api_error_oom(e);
     memcpy(pr->text, s->valuestring, n + 1);
     pr->text_len = n;
     return 0;
@@ -157,7 +152,7 @@ static int prompt_from_ids(const cJSON *a, const dol_api_limits *lim,
         return -1;
     }
     pr->ids = malloc((size_t)n * sizeof *pr->ids);
-    if (!pr->ids) return oom(e);
+    if (!pr->ids) return dol_api_error_oom(e);
     int i = 0;
     const cJSON *x;
     cJSON_ArrayForEach(x, a) {
@@ -183,7 +178,7 @@ static int f_prompt(const cJSON *v, const dol_api_limits *lim,
         "or an array of arrays of token ids.";
     if (cJSON_IsString(v)) {
         p->prompts = calloc(1, sizeof *p->prompts);
-        if (!p->prompts) return oom(e);
+        if (!p->prompts) return dol_api_error_oom(e);
         p->n_prompts = 1;
         return prompt_from_string(v, &p->prompts[0], e);
     }
@@ -198,7 +193,7 @@ static int f_prompt(const cJSON *v, const dol_api_limits *lim,
     }
     if (is_int_array(v)) {
         p->prompts = calloc(1, sizeof *p->prompts);
-        if (!p->prompts) return oom(e);
+        if (!p->prompts) return dol_api_error_oom(e);
         p->n_prompts = 1;
         return prompt_from_ids(v, lim, &p->prompts[0], e);
     }
@@ -210,7 +205,7 @@ static int f_prompt(const cJSON *v, const dol_api_limits *lim,
     const cJSON *first = v->child;
     bool strings = cJSON_IsString(first);
     p->prompts = calloc((size_t)n, sizeof *p->prompts);
-    if (!p->prompts) return oom(e);
+    if (!p->prompts) return dol_api_error_oom(e);
     p->n_prompts = n;
     int i = 0;
     const cJSON *x;
@@ -238,7 +233,7 @@ static int f_model(const cJSON *v, const dol_api_limits *lim,
         return -1;
     }
     p->model = strdup(v->valuestring);
-    return p->model ? 0 : oom(e);
+    return p->model ? 0 : dol_api_error_oom(e);
 }
 
 static int f_max_tokens(const cJSON *v, const dol_api_limits *lim,
@@ -399,7 +394,7 @@ static int add_stop(const cJSON *s, const dol_api_limits *lim, dol_completion_pa
         return -1;
     }
     p->stop[p->n_stop] = strdup(s->valuestring);
-    if (!p->stop[p->n_stop]) return oom(e);
+    if (!p->stop[p->n_stop]) return dol_api_error_oom(e);
     p->n_stop++;
     return 0;
 }
@@ -646,7 +641,7 @@ static int f_response_format(const cJSON *v, const dol_api_limits *lim,
     if (strcmp(t->valuestring, "text") == 0) return 0;
     if (strcmp(t->valuestring, "json_object") == 0) {
         p->grammar = dol_grammar_json_object();
-        return p->grammar ? 0 : oom(e);
+        return p->grammar ? 0 : dol_api_error_oom(e);
     }
     if (strcmp(t->valuestring, "json_schema") != 0) {
         dol_api_error_invalid(e, RF, "'response_format' of type '%.64s' is not supported "
@@ -675,14 +670,14 @@ static int f_response_format(const cJSON *v, const dol_api_limits *lim,
         return -1;
     }
     char *text = cJSON_PrintUnformatted(schema);
-    if (!text) return oom(e);
+    if (!text) return dol_api_error_oom(e);
     char msg[400];
     bool is_oom = false;
     int rc = dol_grammar_from_schema(text, strlen(text), lim->max_grammar_states, &p->grammar,
                                      msg, sizeof msg, &is_oom);
     free(text);
     if (rc == 0) return 0;
-    if (is_oom) return oom(e);
+    if (is_oom) return dol_api_error_oom(e);
     dol_api_error_invalid(e, RF, "response_format.json_schema.schema: %s.", msg);
     return -1;
 }
@@ -844,21 +839,6 @@ void dol_api_completion_params_free(dol_completion_params *p)
     memset(p, 0, sizeof *p);
 }
 
-int dol_api_check_context(int n_prompt, int64_t max_tokens, int context_len,
-                          dol_api_error *e)
-{
-    if ((int64_t)n_prompt + max_tokens <= (int64_t)context_len) return 0;
-    dol_api_error_set(e, 400, "invalid_request_error",
-                      n_prompt >= context_len ? "prompt" : "max_tokens",
-                      "context_length_exceeded",
-                      "This model's maximum context length is %d tokens. However, you "
-                      "requested %lld tokens (%d in the prompt, %lld for the completion). "
-                      "Please reduce the length of the prompt or max_tokens.",
-                      context_len, (long long)(n_prompt + max_tokens), n_prompt,
-                      (long long)max_tokens);
-    return -1;
-}
-
 /* The prompt-token limit in force below the context, or 0 when the context
  * itself is the limit. */
 static int prompt_limit(const dol_api_limits *lim)
@@ -879,28 +859,15 @@ int dol_api_check_prompt_tokens(int64_t n_prompt, const dol_api_limits *lim,
     return -1;
 }
 
-int dol_api_check_prompt_bound(int64_t min_prompt, int64_t max_tokens,
-                               const dol_api_limits *lim, const char *param,
-                               dol_api_error *e)
+int dol_api_check_prompt_bound(int64_t min_prompt, const dol_api_limits *lim,
+                               const char *param, dol_api_error *e)
 {
     int m = prompt_limit(lim);
-    if (m > 0 && min_prompt > m) {
-        dol_api_error_set(e, 400, "invalid_request_error", param, "context_length_exceeded",
-                          "The %s is at least %lld tokens long (judged from its length, "
-                          "without tokenizing it); this server accepts at most %d prompt "
-                          "tokens (max_prompt_tokens). Please reduce the length of the %s.",
-                          param, (long long)min_prompt, m, param);
-        return -1;
-    }
-    /* Only the prompt itself: when it fits, encoding it is cheap enough,
-     * and the checks after encoding give the exact figures. */
-    int64_t need = max_tokens > 0 ? 1 : 0;
-    if (min_prompt + need <= (int64_t)lim->context_len) return 0;
+    if (m == 0 || min_prompt <= m) return 0;
     dol_api_error_set(e, 400, "invalid_request_error", param, "context_length_exceeded",
-                      "This model's maximum context length is %d tokens. However, the %s "
-                      "alone is at least %lld tokens long (judged from its length, without "
-                      "tokenizing it), which leaves no room for the completion. Please "
-                      "reduce the length of the %s.",
-                      lim->context_len, param, (long long)min_prompt, param);
+                      "The %s is at least %lld tokens long (judged from its length, "
+                      "without tokenizing it); this server accepts at most %d prompt "
+                      "tokens (max_prompt_tokens). Please reduce the length of the %s.",
+                      param, (long long)min_prompt, m, param);
     return -1;
 }

@@ -21,7 +21,7 @@ static int get_model(const cJSON *body, char **model, dol_api_error *e)
     }
     *model = strdup(m->valuestring);
     if (!*model) {
-        dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+        dol_api_error_oom(e);
         return -1;
     }
     return 0;
@@ -72,7 +72,7 @@ int dol_api_parse_tokenize(const cJSON *body, dol_tokenize_params *p, dol_api_er
     p->prompt_len = strlen(prompt->valuestring);
     p->prompt = strdup(prompt->valuestring);
     if (!p->prompt) {
-        dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+        dol_api_error_oom(e);
         return -1;
     }
     return 0;
@@ -105,7 +105,7 @@ int dol_api_parse_detokenize(const cJSON *body, int vocab_size, char **model,
     int count = cJSON_GetArraySize(t);
     int32_t *out = malloc((size_t)(count ? count : 1) * sizeof *out);
     if (!out) {
-        dol_api_error_set(e, 500, "internal_error", NULL, NULL, "Out of memory.");
+        dol_api_error_oom(e);
         return -1;
     }
     int i = 0;

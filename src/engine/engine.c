@@ -59,7 +59,7 @@ static int engine_sizes(const dol_model *model, const dol_engine_params *p, int 
     const dol_model_config *c = &model->cfg;
     *ctx = p->context_len > 0 && p->context_len < c->max_position_embeddings
                ? p->context_len : c->max_position_embeddings;
-    *bs = p->kv_block_size > 0 ? p->kv_block_size : 16;
+    *bs = p->kv_block_size;
     size_t elem = elem_bytes > 0 ? (size_t)elem_bytes : sizeof(float);
     size_t per_token = (size_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * elem;
     int64_t tokens = p->kv_cache_tokens;
@@ -94,10 +94,22 @@ static void placement_ignored(const dol_engine_params *p, const char *why)
             p->no_host_spill ? 0 : 1, why);
 }
 
+/* The sizes every caller must give (their defaults are the configuration's,
+ * docs/configuration.md). */
+static int sizes_given(const dol_engine_params *p, char *err, size_t errlen)
+{
+    if (p->kv_block_size >= 1 && p->max_seqs >= 1 && p->max_batch_tokens >= 1) return 0;
+    dol_set_err(err, errlen, "engine: kv_block_size (%d), max_seqs (%d) and max_batch_tokens "
+                "(%d) must each be at least 1", p->kv_block_size, p->max_seqs,
+                p->max_batch_tokens);
+    return -1;
+}
+
 int dol_engine_create(const dol_model *model, const dol_engine_params *p,
                       dol_engine **out, char *err, size_t errlen)
 {
     const dol_backend_ops *ops = &dol_cpu_backend;
+    if (sizes_given(p, err, errlen)) return -1;
     if (p->backend == DOL_BACKEND_CPU && (p->n_layer_split > 0 || (p->gpu_layers_set && p->gpu_layers > 0))) {
         dol_set_err(err, errlen, "%s: blocks on a GPU asked for, but backend is cpu",
                     p->n_layer_split > 0 ? "layer_split" : "gpu_layers");
@@ -148,14 +160,15 @@ int dol_engine_create_with(const dol_backend_ops *ops, const dol_model *model,
                            const dol_engine_params *p, dol_engine **out, char *err,
                            size_t errlen)
 {
+    if (sizes_given(p, err, errlen)) return -1;
     dol_engine *e = calloc(1, sizeof *e);
     if (!e) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
     e->ops = ops;
     const dol_model_config *c = &model->cfg;
     e->vocab = c->vocab_size;
     e->n_layers = c->n_layers;
-    e->max_T = p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048;
-    int bs, max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
+    e->max_T = p->max_batch_tokens;
+    int bs, max_seqs = p->max_seqs;
     dol_engine_params bp = *p;
     bp.kv_dtype = kv_dtype_of(model, p, ops->kv_elem_bytes);
     e->kv_dtype = bp.kv_dtype;

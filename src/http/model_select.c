@@ -2,8 +2,9 @@
  * request's body picks, the lease on it (include/dolphin/models.h), and
  * waiting for a model that loads with the connection suspended (the route
  * is dispatched again when the registry wakes it). Also the scheduler
- * calls of the handlers, which go through the registry, and the sum of
- * every loaded model's figures that readiness and /livez judge. */
+ * calls of the handlers (submit, fit, figures), which go through the
+ * registry, and the sum of every loaded model's figures that readiness and
+ * /livez judge. */
 #include "http/http.h"
 
 #include <math.h>
@@ -18,22 +19,26 @@ dol_models *dol_http_models_of(dol_server *s)
     return m;
 }
 
-void dol_server_attach(dol_server *s, dol_models *models)
-{
-    pthread_mutex_lock(&s->mu);
-    s->models = models;
-    pthread_mutex_unlock(&s->mu);
-}
-
-dol_submit_result dol_http_sched_submit(dol_server *s, int idx, dol_request *r, char *err,
-                                        size_t errlen)
+dol_reason dol_http_sched_submit(dol_server *s, int idx, dol_request *r, dol_reason_info *why)
 {
     dol_models *m = dol_http_models_of(s);
     if (!m) {
-        dol_set_err(err, errlen, "the scheduler is gone");
-        return DOL_SUBMIT_DRAINING;
+        *why = (dol_reason_info){.reason = DOL_REASON_DRAINING};
+        return why->reason;
     }
-    return dol_models_submit(m, idx, r, err, errlen);
+    return dol_models_submit(m, idx, r, why);
+}
+
+dol_reason dol_http_sched_fit(dol_server *s, int idx, int n_prompt, int n, int max_new,
+                              int *fit, dol_reason_info *why)
+{
+    dol_models *m = dol_http_models_of(s);
+    if (!m) {
+        *fit = 0;
+        *why = (dol_reason_info){.reason = DOL_REASON_DRAINING};
+        return why->reason;
+    }
+    return dol_models_fit(m, idx, n_prompt, n, max_new, fit, why);
 }
 
 /* Sum b into a: counts add up; clocks take the oldest; the device's own
@@ -95,7 +100,8 @@ static void wake(void *user)
     dol_http_on_event(NULL, user);
 }
 
-/* The entry the body names; -1 with e (415, 400, 404). */
+/* The entry the body names (the body is parsed here, once, and kept for
+ * the route); -1 with e (415, 400, 404). */
 static int pick(dol_http_req *c, dol_models *m, dol_api_error *e)
 {
     cJSON *body = dol_http_body_json(c, e);
@@ -110,7 +116,6 @@ static int pick(dol_http_req *c, dol_models *m, dol_api_error *e)
         dol_api_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
                           "The model '%.200s' does not exist; this server serves %s.", id, names);
     }
-    cJSON_Delete(body);
     return idx;
 }
 
@@ -122,8 +127,7 @@ int dol_http_model_acquire(dol_http_req *c, dol_http_attached *a, dol_api_error 
     if (!c->model_wait && dol_http_not_ready(c, e)) return -1;
     dol_models *m = dol_http_models_of(c->srv);
     if (!m) {
-        dol_api_error_set(e, 503, "service_unavailable", NULL, "model_loading",
-                          "The model is not loaded yet.");
+        dol_api_error_not_loaded(e);
         return -1;
     }
     if (!c->model[0]) {
@@ -136,10 +140,9 @@ int dol_http_model_acquire(dol_http_req *c, dol_http_attached *a, dol_api_error 
     double deadline = timeout_ms > 0 ? c->t0_ms + timeout_ms : 0;
     for (;;) {
         if (deadline > 0 && dol_now_ms() >= deadline) {
-            dol_api_error_set(e, 504, "timeout_error", NULL, "request_timeout",
-                              "The request did not finish within request_timeout_s (%g s): "
-                              "model '%s' was still loading.", c->srv->cfg->request_timeout_s,
-                              c->model);
+            char what[300];
+            snprintf(what, sizeof what, "model '%s' was still loading", c->model);
+            dol_api_error_timeout(e, c->srv->cfg->request_timeout_s, what);
             return -1;
         }
         dol_model_lease lease;
@@ -165,8 +168,7 @@ int dol_http_model_acquire(dol_http_req *c, dol_http_attached *a, dol_api_error 
                               "The model '%s' is not available: %.300s", c->model, reason);
             return -1;
         case DOL_ACQUIRE_STOPPING:
-            dol_api_error_set(e, 503, "service_unavailable", NULL, "server_draining",
-                              "The server is shutting down and accepts no new requests.");
+            dol_api_error_draining(e);
             return -1;
         case DOL_ACQUIRE_WAIT:
             break;
@@ -177,8 +179,7 @@ int dol_http_model_acquire(dol_http_req *c, dol_http_attached *a, dol_api_error 
         default:
             dol_models_cancel_wait(m, c->model_idx, (void *)(uintptr_t)c->handle);
             c->model_wait = false;
-            dol_api_error_set(e, 503, "service_unavailable", NULL, "server_draining",
-                              "The server is shutting down and accepts no new requests.");
+            dol_api_error_draining(e);
             return -1;
         }
     }

@@ -57,7 +57,7 @@ static double watch_memory(dol_server *s, const dol_scheduler_stats *st, double 
 void dol_http_readiness_get(dol_server *s, dol_http_readiness *r)
 {
     memset(r, 0, sizeof *r);
-    r->state = dol_server_get_state(s);
+    r->state = dol_http_state(s);
     r->have_sched = dol_http_sched_stats(s, -1, &r->st);
     dol_models *m = dol_http_models_of(s);
     r->models_ready = m && dol_models_ready(m);

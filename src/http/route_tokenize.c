@@ -33,7 +33,6 @@ enum MHD_Result dol_http_tokenize(dol_http_req *c)
     if (w < 0) return dol_http_send_error(c, &e);
     dol_tokenize_params p;
     int rc = dol_api_parse_tokenize(body, &p, &e);
-    cJSON_Delete(body);
     int32_t *ids = NULL;
     int n = 0;
     if (rc == 0) rc = dol_http_check_model(c, p.model, &a, &e);
@@ -76,7 +75,6 @@ enum MHD_Result dol_http_detokenize(dol_http_req *c)
     int n = 0;
     int rc = dol_api_parse_detokenize(body, dol_tokenizer_vocab_size(a.tok), &model, &ids, &n,
                                       &e);
-    cJSON_Delete(body);
     if (rc == 0) rc = dol_http_check_model(c, model, &a, &e);
     free(model);
     char *text = NULL;

@@ -1,7 +1,9 @@
-/* src/http/server.c — the libmicrohttpd daemon behind include/dolphin/server.h:
- * binding, life cycle and state, the access handler (body accumulation,
- * routing, 404/405/401/413), X-Request-Id, response helpers, and the
- * completed callback that releases a request and logs one line for it. */
+/* src/http/server.c — the top floor of src/http: the libmicrohttpd daemon
+ * behind include/dolphin/server.h. Binding, life cycle and state, the access
+ * handler (head limits, body accumulation, X-Request-Id, routing with
+ * 404/405/401/413, dispatch to the route_*.c handlers), and the completed
+ * callback that releases a request and logs one line for it. Routes never
+ * call back into this file (docs/architecture.md, "src/http by floor"). */
 #include "http/http.h"
 
 #include <errno.h>
@@ -13,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -31,123 +32,6 @@
 /* A too-large body is read and discarded (so the client sees the 413
  * instead of a reset) up to this much; beyond, the connection is dropped. */
 #define DISCARD_LIMIT ((size_t)64 << 20)
-
-/* ---- randomness --------------------------------------------------------- */
-
-static void random_bytes(void *buf, size_t n)
-{
-    unsigned char *p = buf;
-    while (n > 0) {
-        ssize_t got = getrandom(p, n, 0);
-        if (got <= 0) {
-            /* Practically unreachable; fall back to the clock. */
-            uint64_t t = dol_now_ns() ^ (uint64_t)(uintptr_t)p;
-            for (size_t i = 0; i < n; i++, t = t * 6364136223846793005ull + 1442695040888963407ull)
-                p[i] = (unsigned char)(t >> 56);
-            return;
-        }
-        p += got;
-        n -= (size_t)got;
-    }
-}
-
-void dol_http_random_hex(char *buf, size_t nbytes)
-{
-    static const char hex[] = "0123456789abcdef";
-    unsigned char raw[64];
-    if (nbytes > sizeof raw) nbytes = sizeof raw;
-    random_bytes(raw, nbytes);
-    for (size_t i = 0; i < nbytes; i++) {
-        buf[2 * i] = hex[raw[i] >> 4];
-        buf[2 * i + 1] = hex[raw[i] & 15];
-    }
-    buf[2 * nbytes] = '\0';
-}
-
-uint64_t dol_http_random_u64(void)
-{
-    uint64_t x;
-    random_bytes(&x, sizeof x);
-    return x;
-}
-
-/* ---- responses ---------------------------------------------------------- */
-
-/* Routes a prober or a scraper calls, served during a drain too. */
-#define ROUTE_IS_PROBE(r) (strcmp((r), "/healthz") == 0 || strcmp((r), "/livez") == 0 || \
-                           strcmp((r), "/metrics") == 0)
-
-
-enum MHD_Result dol_http_queue(dol_http_req *c, int status, struct MHD_Response *resp,
-                               dol_http_phase phase)
-{
-    MHD_add_response_header(resp, "X-Request-Id", c->id);
-    /* Draining: a proxy must not keep this connection for its next request
-     * (probes excepted: a monitor on a kept connection keeps seeing 503). */
-    if (atomic_load(&c->srv->state) == DOL_STATE_DRAINING && !ROUTE_IS_PROBE(c->route))
-        MHD_add_response_header(resp, "Connection", "close");
-    enum MHD_Result ret = MHD_queue_response(c->conn, (unsigned)status, resp);
-    MHD_destroy_response(resp);
-    if (ret == MHD_YES) {
-        c->status = status;
-        c->phase = phase;
-    }
-    return ret;
-}
-
-/* Extra headers for an error, chosen by status. */
-static void error_headers(dol_http_req *c, struct MHD_Response *resp, int status)
-{
-    if (status == 429 || status == 503) {
-        char ra[16];
-        snprintf(ra, sizeof ra, "%d", c->retry_after_s > 0 ? c->retry_after_s : 1);
-        MHD_add_response_header(resp, "Retry-After", ra);
-    }
-    if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
-    if (status == 405) {
-        bool post = strcmp(c->route, "/v1/completions") == 0 ||
-                    strcmp(c->route, "/v1/chat/completions") == 0 ||
-                    strcmp(c->route, "/tokenize") == 0 || strcmp(c->route, "/detokenize") == 0;
-        const char *allow = post ? "POST" : "GET, HEAD";
-        MHD_add_response_header(resp, "Allow", allow);
-    }
-    /* the connection's byte stream cannot be trusted after these */
-    if (status == 413 || status == 414 || status == 431 ||
-        (status == 400 && c->head_status == 400))
-        MHD_add_response_header(resp, "Connection", "close");
-}
-
-enum MHD_Result dol_http_send_json(dol_http_req *c, int status, char *body)
-{
-    static const char oom[] =
-        "{\"error\":{\"message\":\"Out of memory.\",\"type\":\"internal_error\","
-        "\"param\":null,\"code\":null}}";
-    struct MHD_Response *resp;
-    if (body) {
-        resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-        if (!resp) free(body);
-    } else {
-        status = 500;
-        resp = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom,
-                                               MHD_RESPMEM_PERSISTENT);
-    }
-    if (!resp) return MHD_NO;
-    MHD_add_response_header(resp, "Content-Type", "application/json");
-    if (status >= 400) error_headers(c, resp, status);
-    return dol_http_queue(c, status, resp, PH_RESPONDED);
-}
-
-enum MHD_Result dol_http_send_cjson(dol_http_req *c, int status, cJSON *j)
-{
-    char *s = j ? cJSON_PrintUnformatted(j) : NULL;
-    cJSON_Delete(j);
-    return dol_http_send_json(c, status, s);
-}
-
-enum MHD_Result dol_http_send_error(dol_http_req *c, const dol_api_error *e)
-{
-    return dol_http_send_json(c, e->status, dol_api_error_json(e));
-}
 
 /* ---- routing ------------------------------------------------------------ */
 
@@ -213,20 +97,6 @@ static void copy_method(char *dst, size_t n, const char *m)
     for (; m && *m && o + 1 < n; m++)
         dst[o++] = ((*m >= 'A' && *m <= 'Z') || (*m >= 'a' && *m <= 'z')) ? *m : '?';
     dst[o] = '\0';
-}
-
-const char *dol_http_bearer_key(struct MHD_Connection *conn)
-{
-    const char *h = NULL;
-    size_t len = 0;
-    if (MHD_lookup_connection_value_n(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION,
-                                      strlen(MHD_HTTP_HEADER_AUTHORIZATION), &h, &len) != MHD_YES)
-        return NULL;
-    /* a NUL inside the value would make a prefix of it pass as the key */
-    if (!h || strlen(h) != len || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
-    h += 7;
-    while (*h == ' ') h++;
-    return *h ? h : NULL;
 }
 
 static bool authorized(dol_http_req *c)
@@ -435,11 +305,10 @@ static dol_http_req *req_new(dol_server *s, struct MHD_Connection *conn,
 static bool refuse_while_draining(dol_http_req *c, const char *url, enum MHD_Result *r)
 {
     int ri = find_route(url);
-    if (ri < 0 || ROUTE_IS_PROBE(ROUTES[ri].label)) return false;
+    if (ri < 0 || dol_http_route_is_probe(ROUTES[ri].label)) return false;
     snprintf(c->route, sizeof c->route, "%s", ROUTES[ri].label);
     dol_api_error e;
-    dol_api_error_set(&e, 503, "service_unavailable", NULL, "server_draining",
-                      "The server is shutting down; retry on another replica.");
+    dol_api_error_draining(&e);
     *r = dol_http_send_error(c, &e);
     return true;
 }
@@ -499,7 +368,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     }
     switch (c->phase) {
     case PH_BODY: return dispatch(c, url);
-    case PH_WAIT: return dol_http_gen_resume(c);
+    case PH_WAIT: return dol_http_cmpl_resume(c);
     default: return MHD_NO;  /* a response is already queued */
     }
 }
@@ -516,8 +385,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     int prompt_tokens = 0, completion_tokens = 0;
     double queue_ms = 0, ttft_ms = 0;
     /* sequences that reached the scheduler (0: none did) */
-    int n_seqs = c->gen && c->gen->n_submitted > 0 ? c->gen->n_reqs * c->gen->n : 0;
-    dol_http_gen_cleanup(c, &prompt_tokens, &completion_tokens, &queue_ms, &ttft_ms);
+    int n_seqs = c->cmpl && c->cmpl->n_submitted > 0 ? c->cmpl->n_reqs * c->cmpl->n : 0;
+    dol_http_cmpl_cleanup(c, &prompt_tokens, &completion_tokens, &queue_ms, &ttft_ms);
     dol_http_model_done(c);   /* after the cleanup: its requests are cancelled */
 
     bool ok = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK;
@@ -530,7 +399,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                         : (ok && status != 503 ? DOL_LOG_INFO : DOL_LOG_WARN);
     /* probes and scrapes (every few seconds): successes at debug level,
      * failures at info */
-    if (ROUTE_IS_PROBE(c->route) && ok) lvl = status == 200 ? DOL_LOG_DEBUG : DOL_LOG_INFO;
+    if (dol_http_route_is_probe(c->route) && ok) lvl = status == 200 ? DOL_LOG_DEBUG : DOL_LOG_INFO;
     char mq[300];
     dol_log(lvl, "request",
             "request_id=%s method=%s route=%s model=%s status=%d prompt_tokens=%d "
@@ -539,7 +408,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
             c->model[0] ? dol_log_quote(c->model, mq, sizeof mq) : "-", status, prompt_tokens,
             completion_tokens, queue_ms, ttft_ms, total_ms,
             ok ? "" : " aborted=true");
-    free(c->body);
+    dol_http_body_free(c);
     free(c);
 }
 
@@ -700,23 +569,17 @@ void dol_server_set_state(dol_server *s, dol_server_state st)
 
 dol_server_state dol_server_get_state(const dol_server *s)
 {
-    return (dol_server_state)atomic_load(&((dol_server *)s)->state);
+    return dol_http_state(s);
+}
+
+void dol_server_attach(dol_server *s, dol_models *models)
+{
+    pthread_mutex_lock(&s->mu);
+    s->models = models;
+    pthread_mutex_unlock(&s->mu);
 }
 
 int dol_server_port(const dol_server *s) { return s->port; }
-
-int dol_server_inflight(const dol_server *s)
-{
-    return atomic_load(&((dol_server *)s)->inflight);
-}
-
-void dol_http_inflight_done(dol_server *s)
-{
-    if (atomic_fetch_sub(&s->inflight, 1) != 1) return;
-    pthread_mutex_lock(&s->idle_mu);
-    pthread_cond_broadcast(&s->idle_cv);
-    pthread_mutex_unlock(&s->idle_mu);
-}
 
 int dol_server_wait_idle(dol_server *s, long timeout_ms)
 {

@@ -136,10 +136,7 @@ int dol_request_read(dol_request *r, dol_output *out, dol_request_state *st)
             rc = -1;
     }
     st->done = r->done && rc == 0;   /* done only once everything was taken */
-    st->error_status = r->error_status;
-    memcpy(st->error_type, r->error_type, sizeof st->error_type);
-    memcpy(st->error_code, r->error_code, sizeof st->error_code);
-    memcpy(st->error_msg, r->error_msg, sizeof st->error_msg);
+    st->error = r->error;
     st->n_cached_prompt = r->n_cached_prompt;
     st->t_arrival_ms = r->t_arrival_ms;
     st->t_start_ms = r->t_start_ms;

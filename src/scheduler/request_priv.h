@@ -44,8 +44,7 @@ struct dol_request {
     dol_choice *choices;     /* n entries */
     dol_token_logprob *prompt_lps; /* echo_logprobs, once the prompt is in */
     bool done;
-    int error_status;
-    char error_type[48], error_code[48], error_msg[256];
+    dol_reason_info error;   /* reason NONE until it fails */
     int n_cached_prompt;
     double t_arrival_ms, t_start_ms, t_first_token_ms, t_done_ms;
 

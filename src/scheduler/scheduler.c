@@ -87,13 +87,39 @@ static double now_ms(const dol_scheduler *s)
     return s->p.clock_ms ? s->p.clock_ms(s->p.clock_ctx) : dol_now_ms();
 }
 
-static void finish_request_locked(dol_request *r, int status, const char *type,
-                                  const char *code, const char *msg)
+const char *dol_reason_name(dol_reason r)
 {
-    r->error_status = status;
-    snprintf(r->error_type, sizeof r->error_type, "%s", type);
-    snprintf(r->error_code, sizeof r->error_code, "%s", code ? code : "");
-    snprintf(r->error_msg, sizeof r->error_msg, "%s", msg);
+    switch (r) {
+    case DOL_REASON_NONE: return "none";
+    case DOL_REASON_QUEUE_FULL: return "queue_full";
+    case DOL_REASON_DRAINING: return "draining";
+    case DOL_REASON_CONTEXT_OVERFLOW: return "context_overflow";
+    case DOL_REASON_KV_OVERFLOW: return "kv_overflow";
+    case DOL_REASON_BAD_TOKEN: return "bad_token";
+    case DOL_REASON_TOO_MANY_CHOICES: return "too_many_choices";
+    case DOL_REASON_INVALID: return "invalid";
+    case DOL_REASON_CANCELLED: return "cancelled";
+    case DOL_REASON_TIMED_OUT: return "timed_out";
+    case DOL_REASON_NO_MEMORY: return "no_memory";
+    case DOL_REASON_BACKEND_FAILURE: return "backend_failure";
+    case DOL_REASON_GRAMMAR_BROKEN: return "grammar_broken";
+    }
+    return "unknown";
+}
+
+/* The reason with the request's own figures. */
+static dol_reason_info reason_of(const dol_request *r, dol_reason why)
+{
+    dol_reason_info in = {.reason = why, .n_prompt = r->n_prompt, .max_tokens = r->max_tokens,
+                          .n = r->n};
+    if (why == DOL_REASON_TIMED_OUT) in.timeout_ms = r->timeout_ms;
+    return in;
+}
+
+static dol_reason refuse(dol_reason_info *why, dol_reason_info in)
+{
+    if (why) *why = in;
+    return in.reason;
 }
 
 static void notify(dol_request *r)
@@ -103,16 +129,21 @@ static void notify(dol_request *r)
 
 static bool request_gone(dol_request *r) { return atomic_load(&r->cancelled); }
 
-/* Blocks a request needs at admission: every choice reserves room for its
- * prompt plus max_tokens up front (no preemption needed later); choices
- * 2..n share the prompt's full blocks. */
+/* Blocks n choices of a prompt need at admission: every choice reserves
+ * room for its prompt plus max_new up front (no preemption needed later);
+ * choices 2..n share the prompt's full blocks. */
+static int64_t blocks_for(const dol_scheduler *s, int n_prompt, int max_new, int n)
+{
+    int64_t total = (int64_t)n_prompt + max_new;
+    if (total > s->ctx) total = s->ctx;
+    int64_t one = dol_engine_blocks_for(s->e, (int)total);
+    int64_t shared = n_prompt / dol_engine_kv_block_size(s->e);
+    return one + (int64_t)(n - 1) * (one - shared);
+}
+
 static int blocks_needed(const dol_scheduler *s, const dol_request *r)
 {
-    int total = r->n_prompt + r->max_tokens;
-    if (total > s->ctx) total = s->ctx;
-    int one = dol_engine_blocks_for(s->e, total);
-    int shared = r->n_prompt / dol_engine_kv_block_size(s->e);
-    return one + (r->n - 1) * (one - shared);
+    return (int)blocks_for(s, r->n_prompt, r->max_tokens, r->n);
 }
 
 /* Blocks promised to admitted requests but not taken from the pool yet:
@@ -134,56 +165,84 @@ static int blocks_owed(const dol_scheduler *s)
 
 /* ---- submit / drain / stats (any thread) --------------------------------- */
 
-dol_submit_result dol_scheduler_submit(dol_scheduler *s, dol_request *r,
-                                       char *err, size_t errlen)
+dol_reason dol_scheduler_fit(const dol_scheduler *s, int n_prompt, int n, int max_new,
+                             int *fit, dol_reason_info *why)
 {
-    if (r->n < 1 || !r->choices || r->n_prompt < 1 || r->max_tokens < 0) {
-        dol_set_err(err, errlen, "invalid request");
-        return DOL_SUBMIT_INVALID;
+    *fit = 0;
+    dol_reason_info in = {.n_prompt = n_prompt, .max_tokens = max_new, .n = n};
+    int bs = dol_engine_kv_block_size(s->e);
+    int64_t pool = (int64_t)dol_engine_kv_blocks_total(s->e);
+    if (n < 1 || n_prompt < 0) {
+        in.reason = DOL_REASON_INVALID;
+        return refuse(why, in);
     }
+    if (max_new >= 0) {
+        if ((int64_t)n_prompt + max_new > s->ctx) {
+            in.reason = DOL_REASON_CONTEXT_OVERFLOW;
+            in.limit = s->ctx;
+        } else if (blocks_for(s, n_prompt, max_new, n) > pool) {
+            in.reason = DOL_REASON_KV_OVERFLOW;
+            in.limit = (int)(pool * bs);
+        } else {
+            *fit = max_new;
+        }
+        return refuse(why, in);
+    }
+    /* as many as fit: the context's room, capped by what the pool holds when
+     * each choice gets the same share (the prompt's whole blocks shared) */
+    int64_t ctx_room = (int64_t)s->ctx - n_prompt;
+    int64_t shared = n_prompt / bs;
+    int64_t kv_room = (pool + (int64_t)(n - 1) * shared) / n * bs - n_prompt;
+    if (ctx_room < 1) {
+        in.reason = DOL_REASON_CONTEXT_OVERFLOW;
+        in.limit = s->ctx;
+    } else if (kv_room < 1) {
+        in.reason = DOL_REASON_KV_OVERFLOW;
+        in.limit = (int)(pool * bs);
+    } else {
+        *fit = (int)(kv_room < ctx_room ? kv_room : ctx_room);
+    }
+    return refuse(why, in);
+}
+
+dol_reason dol_scheduler_submit(dol_scheduler *s, dol_request *r, dol_reason_info *why)
+{
+    if (r->n < 1 || !r->choices || r->n_prompt < 1 || r->max_tokens < 0)
+        return refuse(why, reason_of(r, DOL_REASON_INVALID));
     for (int i = 0; i < r->n_prompt; i++)
         if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= s->vocab) {
-            dol_set_err(err, errlen, "token id %d at prompt position %d is out of range [0, %d)",
-                        r->prompt_ids[i], i, s->vocab);
-            return DOL_SUBMIT_INVALID;
+            dol_reason_info in = reason_of(r, DOL_REASON_BAD_TOKEN);
+            in.token = r->prompt_ids[i];
+            in.position = i;
+            in.limit = s->vocab;
+            return refuse(why, in);
         }
-    if (r->n_prompt + r->max_tokens > s->ctx) {
-        dol_set_err(err, errlen,
-                    "This model's maximum context length is %d tokens. However, you requested "
-                    "%d tokens (%d in the prompt, %d for the completion). Please reduce the "
-                    "prompt or max_tokens.",
-                    s->ctx, r->n_prompt + r->max_tokens, r->n_prompt, r->max_tokens);
-        return DOL_SUBMIT_TOO_LONG;
-    }
     if (r->n > s->p.max_batch_size) {
-        dol_set_err(err, errlen, "n = %d is more than max_batch_size (%d)", r->n, s->p.max_batch_size);
-        return DOL_SUBMIT_INVALID;
+        dol_reason_info in = reason_of(r, DOL_REASON_TOO_MANY_CHOICES);
+        in.limit = s->p.max_batch_size;
+        return refuse(why, in);
     }
-    if (blocks_needed(s, r) > dol_engine_kv_blocks_total(s->e)) {
-        dol_set_err(err, errlen,
-                    "the prompt (%d tokens) plus max_tokens (%d) x n (%d) can never fit in the "
-                    "KV cache (%d tokens)", r->n_prompt, r->max_tokens, r->n,
-                    dol_engine_kv_blocks_total(s->e) * dol_engine_kv_block_size(s->e));
-        return DOL_SUBMIT_TOO_LONG;
-    }
+    int fit;
+    dol_reason_info in;
+    if (dol_scheduler_fit(s, r->n_prompt, r->n, r->max_tokens, &fit, &in) != DOL_REASON_NONE)
+        return refuse(why, in);
     pthread_mutex_lock(&s->mu);
     if (s->draining || s->stop) {
         pthread_mutex_unlock(&s->mu);
-        dol_set_err(err, errlen, "the server is shutting down");
-        return DOL_SUBMIT_DRAINING;
+        return refuse(why, reason_of(r, DOL_REASON_DRAINING));
     }
     if (s->n_queue >= s->p.max_queue) {
         pthread_mutex_unlock(&s->mu);
-        dol_set_err(err, errlen, "the queue is full (%d waiting requests); retry later", s->p.max_queue);
-        return DOL_SUBMIT_QUEUE_FULL;
+        in = reason_of(r, DOL_REASON_QUEUE_FULL);
+        in.limit = s->p.max_queue;
+        return refuse(why, in);
     }
     if (s->n_queue == s->cap_queue) {
         int cap = s->cap_queue ? s->cap_queue * 2 : 64;
         dol_request **q = realloc(s->queue, sizeof *q * (size_t)cap);
         if (!q) {
             pthread_mutex_unlock(&s->mu);
-            dol_set_err(err, errlen, "out of memory");
-            return DOL_SUBMIT_INVALID;
+            return refuse(why, reason_of(r, DOL_REASON_NO_MEMORY));
         }
         s->queue = q;
         s->cap_queue = cap;
@@ -191,8 +250,7 @@ dol_submit_result dol_scheduler_submit(dol_scheduler *s, dol_request *r,
     r->priv = calloc(1, sizeof(req_priv) + sizeof(int) * (size_t)r->n);
     if (!r->priv) {
         pthread_mutex_unlock(&s->mu);
-        dol_set_err(err, errlen, "out of memory");
-        return DOL_SUBMIT_INVALID;
+        return refuse(why, reason_of(r, DOL_REASON_NO_MEMORY));
     }
     dol_request_retain(r);
     r->seqno = s->next_seqno++;
@@ -201,7 +259,7 @@ dol_submit_result dol_scheduler_submit(dol_scheduler *s, dol_request *r,
     s->st.queued = s->n_queue;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    return DOL_SUBMIT_OK;
+    return DOL_REASON_NONE;
 }
 
 void dol_scheduler_drain(dol_scheduler *s)
@@ -246,7 +304,8 @@ static void retire_request(dol_scheduler *s, dol_request *r)
     pthread_mutex_lock(&r->mu);
     for (int c = 0; c < r->n; c++) {
         if (r->choices[c].finish == DOL_FINISH_NONE)
-            r->choices[c].finish = r->error_status ? DOL_FINISH_ERROR : DOL_FINISH_STOP;
+            r->choices[c].finish = r->error.reason != DOL_REASON_NONE ? DOL_FINISH_ERROR
+                                                                    : DOL_FINISH_STOP;
         dol_choice_out_free(&r->choices[c]);
     }
     r->done = true;
@@ -259,11 +318,10 @@ static void retire_request(dol_scheduler *s, dol_request *r)
     dol_request_release(r);
 }
 
-static void fail_request(dol_scheduler *s, dol_request *r, int status, const char *type,
-                         const char *code, const char *msg)
+static void fail_request(dol_scheduler *s, dol_request *r, dol_reason why)
 {
     pthread_mutex_lock(&r->mu);
-    finish_request_locked(r, status, type, code, msg);
+    r->error = reason_of(r, why);
     pthread_mutex_unlock(&r->mu);
     retire_request(s, r);
 }
@@ -493,7 +551,7 @@ static bool sample_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
     bool is_end = (!r->ignore_eos || q->m) && (id == s->eos || id == s->bos);
     if (q->m && !is_end && !dol_matcher_accept(q->m, s->gv, id)) {
         /* cannot happen (the mask allowed it); fail safe */
-        fail_request(s, r, 500, "server_error", NULL, "structured output: token not allowed");
+        fail_request(s, r, DOL_REASON_GRAMMAR_BROKEN);
         return true;
     }
     bool stopped = false;
@@ -505,7 +563,7 @@ static bool sample_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
     *touched = true;
     s->n_generated++;
     if (rc != 0) {
-        fail_request(s, r, 500, "server_error", NULL, "out of memory while generating");
+        fail_request(s, r, DOL_REASON_NO_MEMORY);
         return true;
     }
     int n_gen = q->n_tokens - r->n_prompt;
@@ -630,7 +688,7 @@ static int build_batch(dol_scheduler *s)
 }
 
 /* The forward pass over the batch. On failure every request of the batch
- * ends with a 500. 0 or -1. */
+ * fails (reason BACKEND_FAILURE). 0 or -1. */
 static int forward(dol_scheduler *s, int n_items)
 {
     char err[DOL_ERR_LEN];
@@ -642,8 +700,7 @@ static int forward(dol_scheduler *s, int n_items)
     for (int k = 0; k < n_items; k++) {
         free(s->item_rows[k]);
         seq_t *q = &s->seqs[s->item_slot[k]];
-        if (q->used) fail_request(s, q->r, 500, "server_error", NULL,
-                                  "internal error in the forward pass");
+        if (q->used) fail_request(s, q->r, DOL_REASON_BACKEND_FAILURE);
     }
     return -1;
 }
@@ -738,9 +795,7 @@ static void reap(dol_scheduler *s)
         reaped = true;
         s->queue[i] = s->queue[--s->n_queue];
         pthread_mutex_unlock(&s->mu);
-        if (gone) fail_request(s, r, 499, "cancelled", NULL, "the client closed the connection");
-        else fail_request(s, r, 504, "timeout_error", "request_timeout",
-                          "the request did not finish within request_timeout_s");
+        fail_request(s, r, gone ? DOL_REASON_CANCELLED : DOL_REASON_TIMED_OUT);
         pthread_mutex_lock(&s->mu);
     }
     s->st.queued = s->n_queue;
@@ -753,9 +808,7 @@ static void reap(dol_scheduler *s)
         bool late = r->timeout_ms > 0 && now - r->t_arrival_ms > r->timeout_ms;
         if (!gone && !late) continue;
         reaped = true;
-        if (gone) fail_request(s, r, 499, "cancelled", NULL, "the client closed the connection");
-        else fail_request(s, r, 504, "timeout_error", "request_timeout",
-                          "the request did not finish within request_timeout_s");
+        fail_request(s, r, gone ? DOL_REASON_CANCELLED : DOL_REASON_TIMED_OUT);
     }
     /* Publish the freed blocks now: the loop may go idle (and sleep) next. */
     if (reaped) update_stats(s);
@@ -867,21 +920,20 @@ static bool loop_once(dol_scheduler *s, bool wait)
     return true;
 }
 
-/* Stopping: end every queued and running request with 503. */
+/* Stopping: end every queued and running request (reason DRAINING). */
 static void end_all(dol_scheduler *s)
 {
     pthread_mutex_lock(&s->mu);
     while (s->n_queue > 0) {
         dol_request *r = s->queue[--s->n_queue];
         pthread_mutex_unlock(&s->mu);
-        fail_request(s, r, 503, "service_unavailable", NULL, "the server is shutting down");
+        fail_request(s, r, DOL_REASON_DRAINING);
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < s->n_slots; i++)
         if (s->seqs[i].used)
-            fail_request(s, s->seqs[i].r, 503, "service_unavailable", NULL,
-                         "the server is shutting down");
+            fail_request(s, s->seqs[i].r, DOL_REASON_DRAINING);
 }
 
 static void *scheduler_main(void *arg)
@@ -923,10 +975,15 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     s->e = engine;
     s->tok = tok;
     s->p = *p;
-    if (s->p.max_batch_size < 1) s->p.max_batch_size = 8;
-    if (s->p.max_queue < 1) s->p.max_queue = 256;
-    if (s->p.prefill_chunk < 1) s->p.prefill_chunk = 512;
-    if (s->p.memory_high_watermark <= 0) s->p.memory_high_watermark = 0.80;
+    if (p->max_batch_size < 1 || p->max_queue < 1 || p->prefill_chunk < 1 ||
+        p->batch_window_ms < 0 || !(p->memory_high_watermark > 0 && p->memory_high_watermark <= 1)) {
+        dol_set_err(err, errlen, "scheduler: a parameter is out of range (max_batch_size %d, "
+                    "max_queue %d, prefill_chunk %d, batch_window_ms %d, "
+                    "memory_high_watermark %g)", p->max_batch_size, p->max_queue,
+                    p->prefill_chunk, p->batch_window_ms, p->memory_high_watermark);
+        free(s);
+        return -1;
+    }
     s->vocab = dol_engine_vocab_size(engine);
     s->ctx = dol_engine_context_len(engine);
     s->eos = dol_tokenizer_eos_id(tok);

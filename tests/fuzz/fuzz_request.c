@@ -3,7 +3,7 @@
  * arrives off the wire. It goes through dol_api_parse_object (with a
  * lowered max_json_depth), then through
  * every body parser as the routes call them — /v1/completions
- * (dol_api_parse_completion, dol_api_check_context), /v1/chat/completions
+ * (dol_api_parse_completion, dol_api_error_from_reason), /v1/chat/completions
  * (dol_api_parse_chat and, with the stories260K tokenizer when
  * $DOLPHIN_SHARED has it, dol_api_chat_prompt_ids), /tokenize and
  * /detokenize — and every outcome is checked: an accepted request satisfies
@@ -16,6 +16,7 @@
  * input) is then driven for a few tokens over the stories260K vocabulary:
  * every token its mask allows is accepted by the matcher, and a mask is
  * never empty before the value is complete. */
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -191,11 +192,13 @@ static bool check_context(int n_prompt, int64_t max_tokens, const char *param)
         return false;
     }
     FUZZ_CHECK(n_prompt <= LIMITS.max_prompt_tokens);
+    if ((int64_t)n_prompt + max_tokens <= LIMITS.context_len) return true;
+    /* the scheduler says CONTEXT_OVERFLOW (dol_scheduler_fit); its error */
     memset(&e, 0, sizeof e);
-    if (dol_api_check_context(n_prompt, max_tokens, LIMITS.context_len, &e) == 0) {
-        FUZZ_CHECK((int64_t)n_prompt + max_tokens <= LIMITS.context_len);
-        return true;
-    }
+    dol_reason_info in = {.reason = DOL_REASON_CONTEXT_OVERFLOW, .n_prompt = n_prompt,
+                          .max_tokens = max_tokens > INT_MAX ? INT_MAX : (int)max_tokens,
+                          .n = 1, .limit = LIMITS.context_len};
+    dol_api_error_from_reason(&e, &in, param);
     FUZZ_CHECK(e.status == 400 && strcmp(e.code, "context_length_exceeded") == 0);
     check_error(&e);
     return false;
@@ -209,7 +212,7 @@ static void check_bound(int64_t min, int n, int64_t max_tokens, const char *para
     FUZZ_CHECK(min >= 0 && min <= n);
     dol_api_error e;
     memset(&e, 0, sizeof e);
-    if (dol_api_check_prompt_bound(min, max_tokens, &LIMITS, param, &e) != 0) {
+    if (dol_api_check_prompt_bound(min, &LIMITS, param, &e) != 0) {
         FUZZ_CHECK(e.status == 400 && strcmp(e.code, "context_length_exceeded") == 0);
         check_error(&e);
         FUZZ_CHECK(!check_context(n, max_tokens, param));

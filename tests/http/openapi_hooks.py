@@ -36,8 +36,7 @@ It also registers a check, `sse_events_conform`: each event of a
 text/event-stream answer must be `data: <JSON>` whose JSON matches the
 `contentSchema` the spec gives for that route's events, and the stream must
 end with `data: [DONE]` (schemathesis itself validates each event's fields
-but not the JSON inside them). And it gives Debian 12's urllib3 1.26, which
-schemathesis's stream reader finds without `read1`, that method.
+but not the JSON inside them).
 
 Nothing here touches a value that makes a case invalid, so negative cases
 stay negative. Environment: DOLPHIN_OPENAPI_MODEL (served model id),
@@ -51,7 +50,6 @@ from pathlib import Path
 
 import jsonschema_rs
 import schemathesis
-import urllib3.response
 import yaml
 
 MODEL = os.environ.get("DOLPHIN_OPENAPI_MODEL", "stories260K")
@@ -61,16 +59,6 @@ TOKENS_MAX = 2 ** 53 - 1
 FAST_TOKENS = 8
 SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 64 - 1
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
-
-# urllib3 1.26 (Debian 12, used through Debian's requests) has no read1;
-# schemathesis reads event streams with it. read() of up to n bytes returns
-# what the server has sent once it has n or the stream ends; Dolphin's
-# streams end, so the answer is the same.
-if not hasattr(urllib3.response.HTTPResponse, "read1"):
-    def _read1(self, amt=None, decode_content=None):
-        return self.read(amt if amt and amt > 0 else None, decode_content=decode_content)
-    urllib3.response.HTTPResponse.read1 = _read1
-
 
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)

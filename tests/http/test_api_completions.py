@@ -197,6 +197,41 @@ def test_echo_logprobs_streamed_and_max_tokens_zero(server):
         whole["choices"][0]["logprobs"]["token_logprobs"][1:len(zero["logprobs"]["tokens"])]
 
 
+def _check_joined(ch):
+    """text_offset's contract: the tokens joined are the text, and each
+    offset is where its token starts in it."""
+    lp = ch["logprobs"]
+    assert "".join(lp["tokens"]) == ch["text"], (lp["tokens"][:4], ch["text"][:40])
+    pos = 0
+    for tok, off in zip(lp["tokens"], lp["text_offset"]):
+        assert off == pos, (tok, off, pos)
+        pos += len(tok.encode("utf-8"))
+
+
+def test_echo_logprobs_tokens_join_to_text(server):
+    """The first word's token carries no dummy-prefix space: joined, the
+    tokens are the returned text, for a text prompt, a token prompt and a
+    stream."""
+    prompt = "The cat sat on the mat."
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "echo": True, "logprobs": 1}
+    ch = server.complete(body).json()["choices"][0]
+    assert ch["text"].startswith(prompt)
+    assert ch["logprobs"]["tokens"][1] == "The"
+    _check_joined(ch)
+    ids = server.post("/tokenize", {"prompt": prompt}).json()["tokens"]
+    ch_ids = server.complete(dict(body, prompt=ids)).json()["choices"][0]
+    assert ch_ids["text"] == ch["text"]
+    _check_joined(ch_ids)
+    toks, text = [], ""
+    for ev in stream(server, body):
+        for c in ev["choices"]:
+            text += c["text"]
+            if c["logprobs"]:
+                toks += c["logprobs"]["tokens"]
+    assert text == ch["text"]
+    assert "".join(toks) == text
+
+
 def test_echo_logprobs_several_prompts(server):
     prompts = ["The cat", "Once upon"]
     r = server.complete({"prompt": prompts, "max_tokens": 2, "echo": True, "logprobs": 0,

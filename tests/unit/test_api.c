@@ -569,7 +569,7 @@ static void test_prompt_limits(void **state)
     (void)state;
     dol_api_limits lim = LIM;   /* context 1024 */
     dol_api_error e = {0};
-    /* At the context, dol_api_check_context is the check. */
+    /* At the context, the scheduler's fit is the check (test_scheduler.c). */
     assert_int_equal(dol_api_check_prompt_tokens(5000, &lim, "prompt", &e), 0);
     lim.max_prompt_tokens = 100;
     assert_int_equal(dol_api_check_prompt_tokens(100, &lim, "prompt", &e), 0);
@@ -580,26 +580,73 @@ static void test_prompt_limits(void **state)
     assert_non_null(strstr(e.message, "max_prompt_tokens"));
     assert_non_null(strstr(e.message, "101"));
 
-    /* The bound before tokenizing: over max_prompt_tokens, or no room left
-     * in the context by the prompt alone (max_tokens is left to the exact
-     * check after tokenizing, which names the real figures). */
-    assert_int_equal(dol_api_check_prompt_bound(100, 900, &lim, "prompt", &e), 0);
-    assert_int_equal(dol_api_check_prompt_bound(100, 5000, &lim, "prompt", &e), 0);
-    assert_int_equal(dol_api_check_prompt_bound(101, 1, &lim, "prompt", &e), -1);
+    /* The bound before tokenizing: over max_prompt_tokens. Whether the
+     * prompt leaves room in the context is the scheduler's fit. */
+    assert_int_equal(dol_api_check_prompt_bound(100, &lim, "prompt", &e), 0);
+    assert_int_equal(dol_api_check_prompt_bound(101, &lim, "prompt", &e), -1);
     assert_string_equal(e.param, "prompt");
     assert_string_equal(e.code, "context_length_exceeded");
     assert_non_null(strstr(e.message, "max_prompt_tokens"));
     lim.max_prompt_tokens = 0;
-    assert_int_equal(dol_api_check_prompt_bound(1024, 0, &lim, "prompt", &e), 0);
-    assert_int_equal(dol_api_check_prompt_bound(1023, 1, &lim, "prompt", &e), 0);
-    assert_int_equal(dol_api_check_prompt_bound(1024, 1, &lim, "prompt", &e), -1);
-    assert_int_equal(dol_api_check_prompt_bound(1025, 0, &lim, "prompt", &e), -1);
-    assert_string_equal(e.param, "prompt");
+    assert_int_equal(dol_api_check_prompt_bound(5000, &lim, "prompt", &e), 0);
+}
+
+/* Each scheduler reason maps to one status, type, code and param, and the
+ * context-length message names the figures. */
+static void test_reason_errors(void **state)
+{
+    (void)state;
+    dol_api_error e = {0};
+    dol_reason_info in = {.reason = DOL_REASON_CONTEXT_OVERFLOW, .n_prompt = 1000,
+                          .max_tokens = 100, .n = 1, .limit = 1024};
+    dol_api_error_from_reason(&e, &in, "prompt");
+    assert_int_equal(e.status, 400);
     assert_string_equal(e.code, "context_length_exceeded");
-    assert_non_null(strstr(e.message, "1024"));
-    assert_int_equal(dol_api_check_prompt_bound(2000, 16, &lim, "messages", &e), -1);
+    assert_string_equal(e.param, "max_tokens");
+    assert_non_null(strstr(e.message, "maximum context length is 1024 tokens"));
+    assert_non_null(strstr(e.message, "1100 tokens (1000 in the prompt, 100 for the completion)"));
+    in.n_prompt = 1024;
+    dol_api_error_from_reason(&e, &in, "prompt");
+    assert_string_equal(e.param, "prompt");
+    in.max_tokens = -1;   /* chat without max_tokens: no room left */
+    dol_api_error_from_reason(&e, &in, "messages");
     assert_string_equal(e.param, "messages");
-    assert_non_null(strstr(e.message, "messages"));
+    assert_non_null(strstr(e.message, "no room for the answer"));
+    in.max_tokens = 1;
+    dol_api_error_prompt_too_long(&e, &in, "messages");
+    assert_string_equal(e.param, "messages");
+    assert_non_null(strstr(e.message, "without tokenizing"));
+
+    static const struct { dol_reason r; int status; const char *type, *code; } map[] = {
+        {DOL_REASON_QUEUE_FULL, 429, "rate_limit_exceeded", "queue_full"},
+        {DOL_REASON_DRAINING, 503, "service_unavailable", "server_draining"},
+        {DOL_REASON_KV_OVERFLOW, 400, "invalid_request_error", "context_length_exceeded"},
+        {DOL_REASON_BAD_TOKEN, 400, "invalid_request_error", ""},
+        {DOL_REASON_TOO_MANY_CHOICES, 400, "invalid_request_error", ""},
+        {DOL_REASON_INVALID, 400, "invalid_request_error", ""},
+        {DOL_REASON_TIMED_OUT, 504, "timeout_error", "request_timeout"},
+        {DOL_REASON_NO_MEMORY, 500, "internal_error", ""},
+        {DOL_REASON_BACKEND_FAILURE, 500, "server_error", ""},
+        {DOL_REASON_GRAMMAR_BROKEN, 500, "server_error", ""},
+        {DOL_REASON_CANCELLED, 499, "cancelled", ""},
+    };
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        dol_reason_info x = {.reason = map[i].r, .n_prompt = 10, .max_tokens = 5, .n = 2,
+                             .limit = 8, .timeout_ms = 2500};
+        memset(&e, 0, sizeof e);
+        dol_api_error_from_reason(&e, &x, "prompt");
+        assert_int_equal(e.status, map[i].status);
+        assert_string_equal(e.type, map[i].type);
+        assert_string_equal(e.code, map[i].code);
+        assert_true(e.message[0] != '\0');
+    }
+    dol_reason_info t = {.reason = DOL_REASON_TIMED_OUT, .timeout_ms = 2500};
+    dol_api_error_from_reason(&e, &t, NULL);
+    assert_non_null(strstr(e.message, "2.5 s"));
+    dol_reason_info n = {.reason = DOL_REASON_TOO_MANY_CHOICES, .n = 9, .limit = 8};
+    dol_api_error_from_reason(&e, &n, NULL);
+    assert_string_equal(e.param, "n");
+    assert_non_null(strstr(e.message, "max_batch_size"));
 }
 
 /* dol_api_chat_min_tokens never exceeds the real count, and checks the
@@ -671,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_u_escapes),
         cmocka_unit_test(test_configured_limits),
         cmocka_unit_test(test_prompt_limits),
+        cmocka_unit_test(test_reason_errors),
         cmocka_unit_test(test_chat_min_tokens),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

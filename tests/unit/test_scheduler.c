@@ -197,10 +197,10 @@ static void req_free(treq *t)
     free(t);
 }
 
-static dol_submit_result submit(rig *g, treq *t)
+static dol_reason submit(rig *g, treq *t)
 {
-    char err[DOL_ERR_LEN];
-    return dol_scheduler_submit(g->s, t->r, err, sizeof err);
+    dol_reason_info why;
+    return dol_scheduler_submit(g->s, t->r, &why);
 }
 
 static dol_scheduler_stats stats(rig *g)
@@ -247,7 +247,7 @@ static void test_window_and_output(void **state)
     rig *g = rig_new((rig_opts){.max_batch = 4, .window_ms = 50});
     treq *r = req(5, 6, 1, 0);
     double t0 = g_now;
-    assert_int_equal(submit(g, r), DOL_SUBMIT_OK);
+    assert_int_equal(submit(g, r), DOL_REASON_NONE);
     dol_scheduler_tick(g->s);             /* alone: waits for company */
     assert_true(started(r) == 0);
     g_now = t0 + 49.0;
@@ -264,7 +264,7 @@ static void test_window_and_output(void **state)
     assert_int_equal(look(r)->out[0].n_ids, 6);
     assert_memory_equal(look(r)->out[0].ids, want, sizeof want);
     assert_int_equal(look(r)->out[0].finish, DOL_FINISH_LENGTH);
-    assert_int_equal(look(r)->st.error_status, 0);
+    assert_int_equal(look(r)->st.error.reason, DOL_REASON_NONE);
     assert_int_equal(stats(g).kv_blocks_used, 0);
     /* one prefill, then a decode step per token but the first (from prefill) */
     assert_int_equal(g_forwards, 6);
@@ -279,7 +279,7 @@ static void test_full_batch_skips_window_and_caps(void **state)
     treq *r[6];
     for (int i = 0; i < 6; i++) {
         r[i] = req(3, 4, 1, 0);
-        assert_int_equal(submit(g, r[i]), DOL_SUBMIT_OK);
+        assert_int_equal(submit(g, r[i]), DOL_REASON_NONE);
     }
     double t0 = g_now;
     dol_scheduler_tick(g->s);   /* a full batch waits for no window */
@@ -306,7 +306,7 @@ static void test_priority_then_arrival(void **state)
     treq *r[5];
     for (int i = 0; i < 5; i++) {
         r[i] = req(3, 2, 1, prio[i]);
-        assert_int_equal(submit(g, r[i]), DOL_SUBMIT_OK);
+        assert_int_equal(submit(g, r[i]), DOL_REASON_NONE);
         g_now += 1.0;
     }
     run_idle(g, 100);
@@ -324,11 +324,11 @@ static void run_join(dol_batch_mode mode, bool *c_before_a_done)
 {
     rig *g = rig_new((rig_opts){.max_batch = 2, .window_ms = 0, .mode = mode});
     treq *a = req(3, 20, 1, 0), *b = req(3, 2, 1, 0), *c = req(3, 2, 1, 0);
-    assert_int_equal(submit(g, a), DOL_SUBMIT_OK);
-    assert_int_equal(submit(g, b), DOL_SUBMIT_OK);
+    assert_int_equal(submit(g, a), DOL_REASON_NONE);
+    assert_int_equal(submit(g, b), DOL_REASON_NONE);
     for (int i = 0; i < 40 && !done(b); i++) dol_scheduler_tick(g->s);
     assert_true(done(b) && !done(a));
-    assert_int_equal(submit(g, c), DOL_SUBMIT_OK);
+    assert_int_equal(submit(g, c), DOL_REASON_NONE);
     dol_scheduler_tick(g->s);
     *c_before_a_done = started(c) > 0 && !done(a);
     run_idle(g, 100);
@@ -355,7 +355,7 @@ static void test_fork_n_choices(void **state)
     (void)state;
     rig *g = rig_new((rig_opts){.max_batch = 4, .window_ms = 0});
     treq *r = req(20, 5, 3, 0);
-    assert_int_equal(submit(g, r), DOL_SUBMIT_OK);
+    assert_int_equal(submit(g, r), DOL_REASON_NONE);
     dol_scheduler_tick(g->s);          /* prefill of choice 0 */
     dol_scheduler_tick(g->s);          /* forked: three sequences decode */
     assert_int_equal(stats(g).running_seqs, 3);
@@ -378,22 +378,22 @@ static void test_cancel_frees_blocks(void **state)
     (void)state;
     rig *g = rig_new((rig_opts){.max_batch = 4, .window_ms = 0});
     treq *run = req(40, 100, 2, 0), *wait = req(3, 5, 1, 0);
-    assert_int_equal(submit(g, run), DOL_SUBMIT_OK);
+    assert_int_equal(submit(g, run), DOL_REASON_NONE);
     for (int i = 0; i < 3; i++) dol_scheduler_tick(g->s);
     assert_true(stats(g).kv_blocks_used > 0);
     int forwards = g_forwards;
     dol_request_cancel(run->r);
     dol_scheduler_tick(g->s);          /* reaped before any further step */
     assert_true(done(run));
-    assert_int_equal(look(run)->st.error_status, 499);
+    assert_int_equal(look(run)->st.error.reason, DOL_REASON_CANCELLED);
     assert_int_equal(stats(g).kv_blocks_used, 0);
     assert_int_equal(stats(g).running_seqs, 0);
     assert_int_equal(g_forwards, forwards);
     /* a queued request cancelled before it ran */
-    assert_int_equal(submit(g, wait), DOL_SUBMIT_OK);
+    assert_int_equal(submit(g, wait), DOL_REASON_NONE);
     dol_request_cancel(wait->r);
     dol_scheduler_tick(g->s);
-    assert_true(done(wait) && look(wait)->st.error_status == 499 && started(wait) == 0);
+    assert_true(done(wait) && look(wait)->st.error.reason == DOL_REASON_CANCELLED && started(wait) == 0);
     req_free(run);
     req_free(wait);
     rig_free(g);
@@ -408,7 +408,7 @@ static void test_watermark_admission(void **state)
     treq *r[4];
     for (int i = 0; i < 4; i++) {
         r[i] = req(8, 24, 1, 0);
-        assert_int_equal(submit(g, r[i]), DOL_SUBMIT_OK);
+        assert_int_equal(submit(g, r[i]), DOL_REASON_NONE);
     }
     dol_scheduler_tick(g->s);
     /* 2 admitted (25 %, then 50 %); at the watermark the rest wait */
@@ -429,14 +429,14 @@ static void test_never_fits_and_queue_full(void **state)
     rig *g = rig_new((rig_opts){.max_batch = 1, .window_ms = 50, .kv_tokens = 128,
                                 .max_queue = 2});
     treq *big = req(10, 200, 1, 0);     /* 210 tokens: over the pool */
-    assert_int_equal(submit(g, big), DOL_SUBMIT_TOO_LONG);
+    assert_int_equal(submit(g, big), DOL_REASON_KV_OVERFLOW);
     treq *ctx = req(100, 157, 1, 0);    /* 257 > the context of 256 */
-    assert_int_equal(submit(g, ctx), DOL_SUBMIT_TOO_LONG);
+    assert_int_equal(submit(g, ctx), DOL_REASON_CONTEXT_OVERFLOW);
     treq *q[3];
     for (int i = 0; i < 3; i++) q[i] = req(3, 2, 1, 0);
-    assert_int_equal(submit(g, q[0]), DOL_SUBMIT_OK);
-    assert_int_equal(submit(g, q[1]), DOL_SUBMIT_OK);
-    assert_int_equal(submit(g, q[2]), DOL_SUBMIT_QUEUE_FULL);
+    assert_int_equal(submit(g, q[0]), DOL_REASON_NONE);
+    assert_int_equal(submit(g, q[1]), DOL_REASON_NONE);
+    assert_int_equal(submit(g, q[2]), DOL_REASON_QUEUE_FULL);
     g_now += 50.0;
     run_idle(g, 50);
     assert_true(done(q[0]) && done(q[1]) && !done(q[2]));
@@ -446,26 +446,96 @@ static void test_never_fits_and_queue_full(void **state)
     rig_free(g);
 }
 
+/* dol_scheduler_fit: the one answer to "does it fit", for a pool of 128
+ * tokens (8 blocks of 16) and a context of 256. */
+static void test_fit(void **state)
+{
+    (void)state;
+    rig *g = rig_new((rig_opts){.max_batch = 4, .window_ms = 0, .kv_tokens = 128});
+    int fit = -1;
+    dol_reason_info why;
+    /* max_tokens given: the count itself, or the bound it passes */
+    assert_int_equal(dol_scheduler_fit(g->s, 10, 1, 100, &fit, &why), DOL_REASON_NONE);
+    assert_int_equal(fit, 100);
+    assert_int_equal(dol_scheduler_fit(g->s, 10, 1, 119, &fit, &why), DOL_REASON_KV_OVERFLOW);
+    assert_int_equal(fit, 0);
+    assert_int_equal(why.limit, 128);
+    assert_int_equal(why.n_prompt, 10);
+    assert_int_equal(why.max_tokens, 119);
+    assert_int_equal(dol_scheduler_fit(g->s, 10, 1, 118, &fit, &why), DOL_REASON_NONE);
+    assert_int_equal(dol_scheduler_fit(g->s, 200, 1, 57, &fit, &why), DOL_REASON_CONTEXT_OVERFLOW);
+    assert_int_equal(why.limit, 256);
+    /* n choices share the prompt's whole blocks: 32 + 2 x (48 - 32) = 64 */
+    assert_int_equal(dol_scheduler_fit(g->s, 32, 3, 16, &fit, &why), DOL_REASON_NONE);
+    /* as many as fit: the pool's share per choice, or the context's room */
+    assert_int_equal(dol_scheduler_fit(g->s, 10, 1, -1, &fit, &why), DOL_REASON_NONE);
+    assert_int_equal(fit, 118);
+    assert_int_equal(dol_scheduler_fit(g->s, 32, 2, -1, &fit, &why), DOL_REASON_NONE);
+    assert_int_equal(fit, 48);   /* (8 + 2) / 2 = 5 blocks each: 80 - 32 */
+    assert_int_equal(dol_scheduler_fit(g->s, 128, 1, -1, &fit, &why), DOL_REASON_KV_OVERFLOW);
+    /* what fit allows, submit admits; one more token is refused alike */
+    treq *a = req(10, 118, 1, 0), *b = req(10, 119, 1, 0);
+    assert_int_equal(submit(g, a), DOL_REASON_NONE);
+    assert_int_equal(submit(g, b), DOL_REASON_KV_OVERFLOW);
+    run_idle(g, 400);
+    assert_true(done(a));
+    assert_int_equal(look(a)->out[0].n_ids, 118);
+    req_free(a);
+    req_free(b);
+    rig_free(g);
+
+    /* a context-bound fit: pool larger than the context */
+    g = rig_new((rig_opts){.max_batch = 4, .window_ms = 0, .kv_tokens = 1024});
+    assert_int_equal(dol_scheduler_fit(g->s, 100, 1, -1, &fit, &why), DOL_REASON_NONE);
+    assert_int_equal(fit, 156);
+    assert_int_equal(dol_scheduler_fit(g->s, 256, 1, -1, &fit, &why),
+                     DOL_REASON_CONTEXT_OVERFLOW);
+    assert_int_equal(dol_scheduler_fit(g->s, 256, 1, 0, &fit, &why), DOL_REASON_NONE);
+    assert_int_equal(dol_scheduler_fit(g->s, 257, 1, 0, &fit, &why), DOL_REASON_CONTEXT_OVERFLOW);
+    rig_free(g);
+}
+
+/* Parameters are required: the defaults are the configuration's. */
+static void test_params_required(void **state)
+{
+    (void)state;
+    rig *g = rig_new((rig_opts){.max_batch = 1, .window_ms = 0});
+    dol_scheduler_params sp = {.max_batch_size = 1, .max_queue = 1, .prefill_chunk = 1,
+                               .memory_high_watermark = 0.8, .manual = true};
+    dol_scheduler *s = NULL;
+    char err[DOL_ERR_LEN];
+    sp.max_queue = 0;
+    assert_int_equal(dol_scheduler_create(g->e, g_tok, &sp, &s, err, sizeof err), -1);
+    assert_non_null(strstr(err, "max_queue 0"));
+    sp.max_queue = 1;
+    sp.memory_high_watermark = 0;
+    assert_int_equal(dol_scheduler_create(g->e, g_tok, &sp, &s, err, sizeof err), -1);
+    sp.memory_high_watermark = 0.8;
+    assert_int_equal(dol_scheduler_create(g->e, g_tok, &sp, &s, err, sizeof err), 0);
+    dol_scheduler_free(s);
+    rig_free(g);
+}
+
 static void test_timeouts(void **state)
 {
     (void)state;
     rig *g = rig_new((rig_opts){.max_batch = 1, .window_ms = 0});
     treq *run = req_t(3, 100, 1, 0, 30.0), *queued = req_t(3, 2, 1, 0, 10.0);
-    assert_int_equal(submit(g, run), DOL_SUBMIT_OK);
-    assert_int_equal(submit(g, queued), DOL_SUBMIT_OK);
+    assert_int_equal(submit(g, run), DOL_REASON_NONE);
+    assert_int_equal(submit(g, queued), DOL_REASON_NONE);
     double t0 = g_now;
     dol_scheduler_tick(g->s);            /* run starts; queued waits (batch of 1) */
     assert_true(started(run) > 0 && started(queued) == 0);
     g_now = t0 + 10.5;
     dol_scheduler_tick(g->s);            /* queued is late: 504 before it ran */
     assert_true(done(queued));
-    assert_int_equal(look(queued)->st.error_status, 504);
-    assert_string_equal(look(queued)->st.error_type, "timeout_error");
+    assert_int_equal(look(queued)->st.error.reason, DOL_REASON_TIMED_OUT);
+    assert_true(look(queued)->st.error.timeout_ms == 10.0);
     assert_false(done(run));
     g_now = t0 + 30.5;
     dol_scheduler_tick(g->s);            /* run is late too, mid-generation */
     assert_true(done(run));
-    assert_int_equal(look(run)->st.error_status, 504);
+    assert_int_equal(look(run)->st.error.reason, DOL_REASON_TIMED_OUT);
     assert_true(look(run)->out[0].n_ids > 0 && look(run)->out[0].n_ids < 100);
     assert_int_equal(stats(g).kv_blocks_used, 0);
     req_free(run);
@@ -490,6 +560,8 @@ int main(void)
         cmocka_unit_test(test_cancel_frees_blocks),
         cmocka_unit_test(test_watermark_admission),
         cmocka_unit_test(test_never_fits_and_queue_full),
+        cmocka_unit_test(test_fit),
+        cmocka_unit_test(test_params_required),
         cmocka_unit_test(test_timeouts),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

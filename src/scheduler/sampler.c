@@ -1,4 +1,4 @@
-/* src/engine/sampler.c — next-token selection (see sampler.h): penalties,
+/* src/scheduler/sampler.c — next-token selection (see sampler.h): penalties,
  * logit bias, greedy argmax, temperature + top-k + top-p + min-p sampling,
  * log-probabilities, and the per-request RNG. */
 #include "dolphin/sampler.h"

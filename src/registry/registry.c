@@ -1,4 +1,4 @@
-/* src/models/models.c — owns the models of include/dolphin/models.h: the
+/* src/registry/registry.c — owns the models of include/dolphin/models.h: the
  * entries and their states, the load threads (checkpoint, tokenizer, engine,
  * scheduler, warm-up), the waiters of a loading model, least-recently-used
  * unloading under max_loaded_models and memory_budget_bytes, the load
@@ -219,9 +219,12 @@ static int warm_one(dol_models *m, dol_scheduler *sched, const dol_model *mdl, i
     }
     int rc = 0;
     dol_request_state st = {0};
-    dol_submit_result sr = dol_scheduler_submit(sched, r, err, errlen);
-    if (sr != DOL_SUBMIT_OK) {
-        rc = sr == DOL_SUBMIT_TOO_LONG || sr == DOL_SUBMIT_INVALID ? 1 : -1;
+    dol_reason sr = dol_scheduler_submit(sched, r, NULL);
+    if (sr != DOL_REASON_NONE) {
+        bool no_fit = sr == DOL_REASON_CONTEXT_OVERFLOW || sr == DOL_REASON_KV_OVERFLOW ||
+                      sr == DOL_REASON_TOO_MANY_CHOICES;
+        if (!no_fit) dol_set_err(err, errlen, "warm-up refused: %s", dol_reason_name(sr));
+        rc = no_fit ? 1 : -1;
         goto out;
     }
     for (;;) {
@@ -239,8 +242,8 @@ static int warm_one(dol_models *m, dol_scheduler *sched, const dol_model *mdl, i
         }
         nanosleep(&(struct timespec){0, 2000000}, NULL);
     }
-    if (rc == 0 && st.error_status) {
-        dol_set_err(err, errlen, "warm-up failed: %s", st.error_msg);
+    if (rc == 0 && st.error.reason != DOL_REASON_NONE) {
+        dol_set_err(err, errlen, "warm-up failed: %s", dol_reason_name(st.error.reason));
         rc = -1;
     }
 out:
@@ -882,14 +885,26 @@ void dol_models_release(dol_models *m, int idx)
     pthread_mutex_unlock(&m->mu);
 }
 
-dol_submit_result dol_models_submit(dol_models *m, int idx, dol_request *r, char *err,
-                                    size_t errlen)
+dol_reason dol_models_submit(dol_models *m, int idx, dol_request *r, dol_reason_info *why)
 {
-    dol_submit_result res = DOL_SUBMIT_DRAINING;
+    dol_reason res = DOL_REASON_DRAINING;
+    if (why) *why = (dol_reason_info){.reason = res};
     pthread_mutex_lock(&m->mu);
     dol_scheduler *s = m->e[idx].o.sched;
-    if (s) res = dol_scheduler_submit(s, r, err, errlen);
-    else dol_set_err(err, errlen, "the scheduler is gone");
+    if (s) res = dol_scheduler_submit(s, r, why);
+    pthread_mutex_unlock(&m->mu);
+    return res;
+}
+
+dol_reason dol_models_fit(dol_models *m, int idx, int n_prompt, int n, int max_new, int *fit,
+                          dol_reason_info *why)
+{
+    dol_reason res = DOL_REASON_DRAINING;
+    *fit = 0;
+    if (why) *why = (dol_reason_info){.reason = res};
+    pthread_mutex_lock(&m->mu);
+    dol_scheduler *s = m->e[idx].o.sched;
+    if (s) res = dol_scheduler_fit(s, n_prompt, n, max_new, fit, why);
     pthread_mutex_unlock(&m->mu);
     return res;
 }
