@@ -1,9 +1,13 @@
 /* src/engine/cpu_kernels.h — the per-ISA kernel sets of the CPU backend and
  * their run-time selection (internal to the engine, its tests and tools).
  *
- * src/engine/cpu_kernels.c is written once and compiled several times, each
- * time with other instruction-set flags; every compilation exports one
- * dol_cpu_kernels table:
+ * The kernels are written once and compiled several times, each time with
+ * other instruction-set flags: src/engine/cpu_kernels.c assembles the table
+ * from the files that own the arithmetic (cpu_k_matmul.c the F32/F16/BF16
+ * and packed products, cpu_k_qmatmul.c the NF4 / Q8_0 products and panels,
+ * cpu_k_elementwise.c, cpu_k_attn.c, cpu_k_quantize.c, cpu_k_hash.c; the
+ * SIMD shim cpu_simd.h, the internal interface cpu_k.h), and every
+ * compilation exports one dol_cpu_kernels table:
  *
  *   portable  no extra flags; plain C, the reference (one accumulator,
  *             k order)

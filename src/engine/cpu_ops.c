@@ -2,8 +2,8 @@
  * run-time choice of the instruction-set variant (cpu_kernels.h), task
  * planning of the matrix products over the thread pool, and the
  * conversions that do not depend on the instruction set (embedding rows,
- * dtype to f32). The arithmetic itself lives in cpu_kernels.c, compiled
- * once per variant. */
+ * dtype to f32). The arithmetic itself lives in cpu_kernels.c and the
+ * cpu_k_*.c files, compiled once per variant. */
 #include "engine/cpu_ops.h"
 
 #include <pthread.h>
@@ -316,7 +316,7 @@ static void fused_task(void *ctx, int task, int worker)
  * matrices, taken in order as one row space, and run it. Guided sizes: each
  * task takes 1/(2 x threads) of the rows still unassigned, rounded up to a
  * multiple of 16 (at least 16, never across two matrices: whole groups of
- * four 4-row panels for the four-stream tiles, cpu_kernels.c), so the first
+ * four 4-row panels for the four-stream tiles, cpu_k_matmul.c), so the first
  * tasks are long sequential streams of W and the last ones short (the
  * threads finish together). At one or two rows of x (memory-bound decode)
  * each task takes 1/threads of the rows still unassigned instead: every

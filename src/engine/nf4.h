@@ -54,7 +54,7 @@ extern const float dol_nf4_levels[16];
 
 /* The 15 midpoints between adjacent levels, exact in double (the sum of
  * two floats halved), ascending; entry 15 is padding (0). The quantizers
- * decide a code by comparing w with mid * scale (cpu_kernels.c). */
+ * decide a code by comparing w with mid * scale (cpu_k_quantize.c). */
 extern const double dol_nf4_mids[16];
 
 /* An NF4 matrix. codes and scales are owned by whoever allocated them

@@ -305,7 +305,7 @@ static void test_packed_large(void **state)
     int nv = supported_variants(v);
     /* K % 16 == 0, N % 4 == 1; at K = 2064 a group of 4 or more rows of x
      * is over 32 KB, so decode batches also take the panels' groups in
-     * the back-and-forth order (PACK_SNAKE_BYTES, cpu_kernels.c) */
+     * the back-and-forth order (PACK_SNAKE_BYTES, cpu_k_matmul.c) */
     static const int Ks[] = { 1040, 2064 };
     const int N = 301;
     for (int c = 0; c < COUNT(Ks) * COUNT(g_dtypes); c++) {
