@@ -34,6 +34,17 @@ int dol_tokenizer_encode(const dol_tokenizer *tok, const char *text, size_t len,
                          bool add_bos, int32_t **ids, size_t *n,
                          char *err, size_t errlen);
 
+/* Encode like dol_tokenizer_encode without BOS, and give where each piece
+ * begins in the input: (*begin)[i] is the byte offset in text of the first
+ * input byte piece i stands for (the start of sentencepiece's span of the
+ * piece; the byte-fallback pieces of one character all begin where the
+ * character does, and whitespace the normalizer removes between two pieces
+ * lies in the second's span). Both arrays
+ * are malloc'd (caller frees; non-NULL even when *n == 0). 0 or -1. */
+int dol_tokenizer_encode_spans(const dol_tokenizer *tok, const char *text, size_t len,
+                               int32_t **ids, size_t **begin, size_t *n,
+                               char *err, size_t errlen);
+
 /* Decode ids to UTF-8 text exactly as sentencepiece's DecodeIds does
  * (control tokens such as BOS/EOS produce nothing; byte-fallback pieces are
  * joined into characters; the leading space of the first word is dropped).

@@ -304,6 +304,26 @@ const char *dol_api_token_text(const dol_tokenizer *tok, int32_t id,
 cJSON *dol_api_logprobs_json(const dol_tokenizer *tok,
                              const dol_token_logprob *lps, const int *offsets,
                              int n);
+/* The same for entries that may start the token sequence: when at_start
+ * (only control tokens, if any, come before them), the first entry that is
+ * not a control token, and its alternatives, read without the leading space
+ * that sentencepiece drops from the first piece it decodes, as the text does.
+ * Joined, the tokens then spell the text (byte-fallback tokens of non-ASCII
+ * characters aside). */
+cJSON *dol_api_logprobs_json_at(const dol_tokenizer *tok, const dol_token_logprob *lps,
+                                const int *offsets, int n, bool at_start);
+/* Logprobs of an echoed prompt ids[0..n) (lps: n entries; NULL gives the
+ * empty object) whose text in the choice is echo (echo_len bytes): the text
+ * prompt as given, or the decode of a token prompt. The tokens, joined, spell
+ * echo and text_offset[i] is where tokens[i] begins in it: when echo encodes
+ * back to the ids (after their leading control tokens) each token reads the
+ * part of echo sentencepiece's spans give it (whitespace the normalizer drops
+ * included); otherwise, offsets from decoding the ids and texts as
+ * dol_api_logprobs_json_at(at_start) gives them. Control tokens read "",
+ * non-ASCII byte-fallback tokens bytes:\xNN (there the join differs). */
+cJSON *dol_api_echo_logprobs_json(const dol_tokenizer *tok, const dol_token_logprob *lps,
+                                  const int32_t *ids, int n, const char *echo,
+                                  size_t echo_len);
 /* Append entries to an existing logprobs object (streaming and echo). */
 int dol_api_logprobs_append(cJSON *obj, const dol_tokenizer *tok,
                             const dol_token_logprob *lps, const int *offsets,

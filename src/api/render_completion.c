@@ -3,6 +3,7 @@
  * the legacy logprobs object, and the helpers render_chat.c shares. */
 #include "api/api.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,9 +171,31 @@ const char *dol_api_token_text(const dol_tokenizer *tok, int32_t id,
     return buf;
 }
 
-int dol_api_logprobs_append(cJSON *obj, const dol_tokenizer *tok,
-                            const dol_token_logprob *lps, const int *offsets,
-                            int n)
+/* Text of a token that starts the sequence (only control tokens before it):
+ * sentencepiece drops the leading "▁" of that piece when it decodes, so its
+ * text is decode([id]) where that is dol_api_token_text without the space. */
+static const char *token_text_at(const dol_tokenizer *tok, int32_t id, bool at_start,
+                                 char *buf, size_t n)
+{
+    dol_api_token_text(tok, id, buf, n);
+    if (!at_start || buf[0] != ' ' || dol_tokenizer_is_byte(tok, id)) return buf;
+    char *d = NULL;
+    size_t len = 0;
+    if (dol_tokenizer_decode(tok, &id, 1, &d, &len, NULL, 0) == 0 && len + 1 == strlen(buf) &&
+        memcmp(d, buf + 1, len) == 0)
+        memmove(buf, buf + 1, len + 1);
+    free(d);
+    return buf;
+}
+
+/* Entries i of lps, at offsets[i]. With spell (the choice's text, spell_len
+ * bytes), a token's text is spell[offsets[i], offsets[i + 1]) (the last one's
+ * runs to the end), except that control tokens read "" and non-ASCII
+ * byte-fallback tokens bytes:\xNN; without it, the token's piece
+ * (token_text_at). */
+static int logprobs_append(cJSON *obj, const dol_tokenizer *tok,
+                           const dol_token_logprob *lps, const int *offsets, int n,
+                           bool at_start, const char *spell, size_t spell_len)
 {
     cJSON *tokens = cJSON_GetObjectItemCaseSensitive(obj, "tokens");
     cJSON *tlp = cJSON_GetObjectItemCaseSensitive(obj, "token_logprobs");
@@ -182,8 +205,14 @@ int dol_api_logprobs_append(cJSON *obj, const dol_tokenizer *tok,
     char buf[256];
     for (int i = 0; i < n; i++) {
         const dol_token_logprob *lp = &lps[i];
-        cJSON_AddItemToArray(tokens, cJSON_CreateString(
-                                         dol_api_token_text(tok, lp->id, buf, sizeof buf)));
+        const char *piece = token_text_at(tok, lp->id, at_start, buf, sizeof buf);
+        if (spell && !dol_tokenizer_is_control(tok, lp->id) &&
+            !(dol_tokenizer_is_byte(tok, lp->id) && strncmp(piece, "bytes:", 6) == 0)) {
+            size_t a = (size_t)offsets[i], b = i + 1 < n ? (size_t)offsets[i + 1] : spell_len;
+            cJSON_AddItemToArray(tokens, dol_api_string_n(spell + a, b - a));
+        } else {
+            cJSON_AddItemToArray(tokens, cJSON_CreateString(piece));
+        }
         if (lp->n_top < 0) {
             cJSON_AddItemToArray(tlp, cJSON_CreateNull());
             cJSON_AddItemToArray(top, cJSON_CreateNull());
@@ -191,20 +220,31 @@ int dol_api_logprobs_append(cJSON *obj, const dol_tokenizer *tok,
             cJSON_AddItemToArray(tlp, cJSON_CreateNumber(lp->logprob));
             cJSON *t = cJSON_CreateObject();
             int k = lp->n_top > DOL_MAX_LOGPROBS ? DOL_MAX_LOGPROBS : lp->n_top;
-            for (int j = 0; j < k && t; j++)
-                cJSON_AddNumberToObject(
-                    t, dol_api_token_text(tok, lp->top_ids[j], buf, sizeof buf),
-                    lp->top_logprobs[j]);
+            for (int j = 0; j < k && t; j++) {
+                /* Two alternatives can read the same ("A" and the byte
+                 * <0x41>; "▁A" and "A" at the start): the likelier is kept. */
+                const char *key = token_text_at(tok, lp->top_ids[j], at_start, buf, sizeof buf);
+                if (!cJSON_GetObjectItemCaseSensitive(t, key))
+                    cJSON_AddNumberToObject(t, key, lp->top_logprobs[j]);
+            }
             cJSON_AddItemToArray(top, t ? t : cJSON_CreateNull());
         }
         cJSON_AddItemToArray(off, cJSON_CreateNumber(offsets ? offsets[i] : 0));
+        if (at_start && !dol_tokenizer_is_control(tok, lp->id)) at_start = false;
     }
     return 0;
 }
 
-cJSON *dol_api_logprobs_json(const dol_tokenizer *tok,
-                             const dol_token_logprob *lps, const int *offsets,
-                             int n)
+int dol_api_logprobs_append(cJSON *obj, const dol_tokenizer *tok,
+                            const dol_token_logprob *lps, const int *offsets,
+                            int n)
+{
+    return logprobs_append(obj, tok, lps, offsets, n, false, NULL, 0);
+}
+
+static cJSON *logprobs_json(const dol_tokenizer *tok, const dol_token_logprob *lps,
+                            const int *offsets, int n, bool at_start, const char *spell,
+                            size_t spell_len)
 {
     cJSON *obj = cJSON_CreateObject();
     if (!obj) return NULL;
@@ -212,9 +252,83 @@ cJSON *dol_api_logprobs_json(const dol_tokenizer *tok,
         !cJSON_AddArrayToObject(obj, "token_logprobs") ||
         !cJSON_AddArrayToObject(obj, "top_logprobs") ||
         !cJSON_AddArrayToObject(obj, "text_offset") ||
-        dol_api_logprobs_append(obj, tok, lps, offsets, n)) {
+        logprobs_append(obj, tok, lps, offsets, n, at_start, spell, spell_len)) {
         cJSON_Delete(obj);
         return NULL;
     }
     return obj;
+}
+
+cJSON *dol_api_logprobs_json_at(const dol_tokenizer *tok, const dol_token_logprob *lps,
+                                const int *offsets, int n, bool at_start)
+{
+    return logprobs_json(tok, lps, offsets, n, at_start, NULL, 0);
+}
+
+cJSON *dol_api_logprobs_json(const dol_tokenizer *tok,
+                             const dol_token_logprob *lps, const int *offsets,
+                             int n)
+{
+    return logprobs_json(tok, lps, offsets, n, false, NULL, 0);
+}
+
+/* Offsets of ids in echo when echo encodes to them (after their leading
+ * control tokens): where sentencepiece says each piece's text begins, the
+ * first at 0 (whitespace the normalizer drops at the start is its text).
+ * 0, or -1 when echo encodes to other ids. */
+static int span_offsets(const dol_tokenizer *tok, const int32_t *ids, int n,
+                        const char *echo, size_t echo_len, int *off)
+{
+    int c = 0;
+    while (c < n && dol_tokenizer_is_control(tok, ids[c])) off[c++] = 0;
+    int32_t *enc = NULL;
+    size_t *begin = NULL, m = 0;
+    int rc = -1;
+    if (echo_len > (size_t)INT_MAX ||
+        dol_tokenizer_encode_spans(tok, echo, echo_len, &enc, &begin, &m, NULL, 0))
+        goto out;
+    if (m != (size_t)(n - c)) goto out;
+    for (size_t i = 0; i < m; i++) {
+        if (enc[i] != ids[c + i] || (i > 0 && begin[i] < begin[i - 1])) goto out;
+        off[c + (int)i] = i == 0 ? 0 : (int)begin[i];
+    }
+    rc = 0;
+out:
+    free(enc);
+    free(begin);
+    return rc;
+}
+
+/* Offsets of ids in decode(ids), found with the incremental detokenizer,
+ * capped at echo_len. 0 or -1. */
+static int decode_offsets(const dol_tokenizer *tok, const int32_t *ids, int n,
+                          size_t echo_len, int *off)
+{
+    dol_detok *d = dol_detok_new(tok, ids, 0);
+    if (!d) return -1;
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    for (int j = 0; j < n; j++) {
+        off[j] = (int)(len < echo_len ? len : echo_len);
+        if (dol_detok_push(d, ids[j], &text, &len, &cap) < 0) len = echo_len;
+    }
+    dol_detok_free(d);
+    free(text);
+    return 0;
+}
+
+cJSON *dol_api_echo_logprobs_json(const dol_tokenizer *tok, const dol_token_logprob *lps,
+                                  const int32_t *ids, int n, const char *echo,
+                                  size_t echo_len)
+{
+    if (!lps || n <= 0) return dol_api_logprobs_json(tok, NULL, NULL, 0);
+    int *off = malloc((size_t)n * sizeof *off);
+    if (!off) return NULL;
+    cJSON *lp = NULL;
+    if (span_offsets(tok, ids, n, echo, echo_len, off) == 0)
+        lp = logprobs_json(tok, lps, off, n, true, echo, echo_len);
+    else if (decode_offsets(tok, ids, n, echo_len, off) == 0)
+        lp = logprobs_json(tok, lps, off, n, true, NULL, 0);
+    free(off);
+    return lp;
 }

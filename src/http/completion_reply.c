@@ -92,9 +92,17 @@ static bool prompt_lps_ready(const dol_http_req *c, int p)
 
 /* ---- logprobs ----------------------------------------------------------- */
 
-/* Logprobs of a choice's tokens [from, to): the legacy completions object
- * (with text offsets, shifted by base) or the chat one. */
-static cJSON *choice_logprobs(const dol_http_req *c, const dol_output *ch,
+/* Whether ids hold a token with text (any but a control token). */
+static bool has_text_token(const dol_tokenizer *tok, const int32_t *ids, int n)
+{
+    for (int j = 0; j < n; j++)
+        if (!dol_tokenizer_is_control(tok, ids[j])) return true;
+    return false;
+}
+
+/* Logprobs of a choice's tokens [from, to) of request p: the legacy
+ * completions object (with text offsets, shifted by base) or the chat one. */
+static cJSON *choice_logprobs(const dol_http_req *c, int p, const dol_output *ch,
                               int from, int to, size_t base)
 {
     if (c->cmpl->chat) return dol_api_chat_logprobs_json(c->cmpl->tok, ch->lps ? ch->lps + from : NULL,
@@ -104,54 +112,23 @@ static cJSON *choice_logprobs(const dol_http_req *c, const dol_output *ch,
     if (!off) return NULL;
     for (int j = from; j < to; j++)
         off[j - from] = (int)base + (j > 0 && ch->lps_text_len ? ch->lps_text_len[j - 1] : 0);
-    cJSON *lp = dol_api_logprobs_json(c->cmpl->tok, ch->lps + from, off, to - from);
+    int n_prompt;
+    const int32_t *prompt = dol_request_prompt(c->cmpl->reqs[p], &n_prompt);
+    bool at_start = !has_text_token(c->cmpl->tok, prompt, n_prompt) &&
+                    !has_text_token(c->cmpl->tok, ch->ids, from);
+    cJSON *lp = dol_api_logprobs_json_at(c->cmpl->tok, ch->lps + from, off, to - from, at_start);
     free(off);
     return lp;
 }
 
-/* Logprobs of an echoed prompt (entry 0 carries none). The offset of each
- * prompt token is where its text starts in decode(prompt), found with the
- * incremental detokenizer; capped at the echoed text's length. A token
- * whose piece begins with SentencePiece's dummy-prefix space that the
- * decode drops (the first word of the text) is shown as decoded, so that
- * the tokens joined are the echoed text. */
+/* Logprobs of an echoed prompt (entry 0 carries none), its tokens spelling
+ * the echoed text. */
 static cJSON *prompt_logprobs(const dol_http_req *c, int p, size_t echo_len)
 {
-    const dol_request_state *st = &c->cmpl->st[p];
-    if (!st->prompt_lps) return dol_api_logprobs_json(c->cmpl->tok, NULL, NULL, 0);
     int n_prompt;
     const int32_t *prompt = dol_request_prompt(c->cmpl->reqs[p], &n_prompt);
-    int *off = malloc((size_t)n_prompt * sizeof *off);
-    size_t *end = malloc((size_t)n_prompt * sizeof *end);
-    dol_detok *d = dol_detok_new(c->cmpl->tok, prompt, 0);
-    char *text = NULL;
-    size_t len = 0, cap = 0;
-    cJSON *lp = NULL;
-    int n_done = 0;
-    if (off && end && d) {
-        for (; n_done < n_prompt; n_done++) {
-            off[n_done] = (int)(len < echo_len ? len : echo_len);
-            if (dol_detok_push(d, prompt[n_done], &text, &len, &cap) < 0) break;
-            end[n_done] = len;
-        }
-        lp = dol_api_logprobs_json(c->cmpl->tok, st->prompt_lps, off, n_prompt);
-    }
-    cJSON *tokens = lp ? cJSON_GetObjectItemCaseSensitive(lp, "tokens") : NULL;
-    for (int j = 0; tokens && j < n_done; j++) {
-        cJSON *t = cJSON_GetArrayItem(tokens, j);
-        size_t from = j > 0 ? end[j - 1] : 0, n = end[j] - from;
-        const char *shown = cJSON_GetStringValue(t);
-        if (shown && shown[0] == ' ' && strlen(shown + 1) == n &&
-            (n == 0 || memcmp(shown + 1, text + from, n) == 0)) {
-            cJSON *dec = dol_api_string_n(n ? text + from : "", n);
-            if (dec) cJSON_ReplaceItemInArray(tokens, j, dec);
-        }
-    }
-    dol_detok_free(d);
-    free(text);
-    free(end);
-    free(off);
-    return lp;
+    return dol_api_echo_logprobs_json(c->cmpl->tok, c->cmpl->st[p].prompt_lps, prompt, n_prompt,
+                                      c->cmpl->echo_text[p], echo_len);
 }
 
 /* Move the entries of src's arrays to the end of dst's (echo: the prompt's
@@ -215,7 +192,7 @@ static enum MHD_Result respond_whole(dol_http_req *c)
                 }
             }
             if (c->cmpl->logprobs >= 0) {
-                cJSON *lp = choice_logprobs(c, rc, 0, rc->n_ids, elen);
+                cJSON *lp = choice_logprobs(c, p, rc, 0, rc->n_ids, elen);
                 if (lp && c->cmpl->echo) {
                     cJSON *pl = prompt_logprobs(c, p, elen);
                     if (pl) {
@@ -320,7 +297,7 @@ static int emit_progress(dol_http_req *c, int p, int i)
         dol_api_choice out = {.index = k};
         out.text = ch->text + c->cmpl->sent_text[k];
         out.text_len = ch->text_len - c->cmpl->sent_text[k];
-        if (c->cmpl->logprobs >= 0) out.logprobs = choice_logprobs(c, ch, c->cmpl->sent_lps[k], ch->n_ids, base);
+        if (c->cmpl->logprobs >= 0) out.logprobs = choice_logprobs(c, p, ch, c->cmpl->sent_lps[k], ch->n_ids, base);
         if (c->cmpl->return_token_ids) {
             out.token_ids = ch->ids + c->cmpl->sent_lps[k];
             out.n_token_ids = ch->n_ids - c->cmpl->sent_lps[k];

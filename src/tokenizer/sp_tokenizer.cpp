@@ -335,6 +335,45 @@ extern "C" int dol_tokenizer_encode(const dol_tokenizer *tok, const char *text,
     return -1;
 }
 
+extern "C" int dol_tokenizer_encode_spans(const dol_tokenizer *tok, const char *text,
+                                          size_t len, int32_t **ids, size_t **begin,
+                                          size_t *n, char *err, size_t errlen)
+{
+    if (ids) *ids = nullptr;
+    if (begin) *begin = nullptr;
+    if (n) *n = 0;
+    if (!tok || !ids || !begin || !n || (!text && len)) {
+        dol_set_err(err, errlen, "tokenizer: encode: invalid arguments");
+        return -1;
+    }
+    try {
+        const auto spt = tok->sp.EncodeAsImmutableProto(std::string_view(text ? text : "", len));
+        const size_t total = spt.pieces_size();
+        int32_t *v = static_cast<int32_t *>(malloc((total ? total : 1) * sizeof *v));
+        size_t *b = static_cast<size_t *>(malloc((total ? total : 1) * sizeof *b));
+        if (!v || !b) {
+            free(v);
+            free(b);
+            dol_set_err(err, errlen, "tokenizer: encode: out of memory");
+            return -1;
+        }
+        for (size_t i = 0; i < total; i++) {
+            const auto piece = spt.pieces(static_cast<int>(i));
+            v[i] = static_cast<int32_t>(piece.id());
+            b[i] = piece.begin() < len ? piece.begin() : len;
+        }
+        *ids = v;
+        *begin = b;
+        *n = total;
+        return 0;
+    } catch (const std::exception &e) {
+        dol_set_err(err, errlen, "tokenizer: encode failed: %s", e.what());
+    } catch (...) {
+        dol_set_err(err, errlen, "tokenizer: encode failed: unknown error");
+    }
+    return -1;
+}
+
 extern "C" int dol_tokenizer_decode(const dol_tokenizer *tok, const int32_t *ids,
                                     size_t n, char **text, size_t *len,
                                     char *err, size_t errlen)

@@ -152,7 +152,7 @@ def test_echo_with_prompt_logprobs(server):
     assert ch["text"].startswith(prompt)
     assert len(lp["tokens"]) == len(ids) + 4
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
-    assert "".join(lp["tokens"][1:len(ids)]).lstrip(" ") == prompt
+    assert "".join(lp["tokens"][1:len(ids)]) == prompt
     assert lp["text_offset"] == sorted(lp["text_offset"])
     assert lp["text_offset"][len(ids)] == len(prompt)
     for i in range(1, len(ids)):
@@ -197,41 +197,6 @@ def test_echo_logprobs_streamed_and_max_tokens_zero(server):
         whole["choices"][0]["logprobs"]["token_logprobs"][1:len(zero["logprobs"]["tokens"])]
 
 
-def _check_joined(ch):
-    """text_offset's contract: the tokens joined are the text, and each
-    offset is where its token starts in it."""
-    lp = ch["logprobs"]
-    assert "".join(lp["tokens"]) == ch["text"], (lp["tokens"][:4], ch["text"][:40])
-    pos = 0
-    for tok, off in zip(lp["tokens"], lp["text_offset"]):
-        assert off == pos, (tok, off, pos)
-        pos += len(tok.encode("utf-8"))
-
-
-def test_echo_logprobs_tokens_join_to_text(server):
-    """The first word's token carries no dummy-prefix space: joined, the
-    tokens are the returned text, for a text prompt, a token prompt and a
-    stream."""
-    prompt = "The cat sat on the mat."
-    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "echo": True, "logprobs": 1}
-    ch = server.complete(body).json()["choices"][0]
-    assert ch["text"].startswith(prompt)
-    assert ch["logprobs"]["tokens"][1] == "The"
-    _check_joined(ch)
-    ids = server.post("/tokenize", {"prompt": prompt}).json()["tokens"]
-    ch_ids = server.complete(dict(body, prompt=ids)).json()["choices"][0]
-    assert ch_ids["text"] == ch["text"]
-    _check_joined(ch_ids)
-    toks, text = [], ""
-    for ev in stream(server, body):
-        for c in ev["choices"]:
-            text += c["text"]
-            if c["logprobs"]:
-                toks += c["logprobs"]["tokens"]
-    assert text == ch["text"]
-    assert "".join(toks) == text
-
-
 def test_echo_logprobs_several_prompts(server):
     prompts = ["The cat", "Once upon"]
     r = server.complete({"prompt": prompts, "max_tokens": 2, "echo": True, "logprobs": 0,
@@ -261,6 +226,102 @@ def test_long_prompt_echo_logprobs(server):
                                "logprobs": 1}).json()["choices"][0]["logprobs"]
         [(key, val)] = ref["top_logprobs"][0].items()
         assert math.isclose(lp["top_logprobs"][i][key], val, rel_tol=1e-4, abs_tol=1e-4), i
+
+
+def check_tokens_spell_text(text, lp):
+    """OpenAI's text_offset contract: the tokens, joined, are the choice's
+    text, and text_offset[i] is where tokens[i] starts in it (in bytes)."""
+    assert not any(t.startswith("bytes:") for t in lp["tokens"]), lp["tokens"]
+    assert "".join(lp["tokens"]) == text, (lp["tokens"], text)
+    at = 0
+    for i, tok in enumerate(lp["tokens"]):
+        assert lp["text_offset"][i] == at, (i, lp["tokens"], lp["text_offset"])
+        at += len(tok.encode())
+
+
+def streamed_logprobs(events, n_choices=1):
+    """Per choice: (text, logprobs) with the streamed chunks' entries joined."""
+    out = [("", {"tokens": [], "text_offset": []}) for _ in range(n_choices)]
+    for ev in events:
+        for c in ev["choices"]:
+            text, lp = out[c["index"]]
+            if c["logprobs"]:
+                for key in ("tokens", "text_offset"):
+                    lp[key] += c["logprobs"][key]
+            out[c["index"]] = (text + c["text"], lp)
+    return out
+
+
+ECHO_PROMPTS = ["Once upon a time there was", " The cat sat", "Lily and Tom.  They ran",
+                "  Ben  sat.  "]
+
+
+@pytest.mark.parametrize("prompt", ECHO_PROMPTS)
+@pytest.mark.parametrize("as_ids", ["text", "ids", "ids-no-bos"])
+@pytest.mark.parametrize("max_tokens", [0, 6])
+def test_echo_logprobs_tokens_spell_the_text(server, prompt, as_ids, max_tokens):
+    """With echo, the prompt's tokens then the generated ones spell the
+    returned text (the first word's dummy-prefix space included or not, as
+    in the text), whole and streamed, for text and token-id prompts, with or
+    without BOS; the text offsets agree."""
+    ids = server.post("/tokenize", {"prompt": prompt}).json()["tokens"]
+    src = {"text": prompt, "ids": ids, "ids-no-bos": ids[1:]}[as_ids]
+    body = {"prompt": src, "max_tokens": max_tokens, "temperature": 0, "echo": True,
+            "logprobs": 2, "n": 2}
+    r = server.complete(body)
+    assert r.status_code == 200, r.text
+    for ch in r.json()["choices"]:
+        assert len(ch["logprobs"]["tokens"]) == len(src if as_ids != "text" else ids) + max_tokens
+        if as_ids == "text":
+            assert ch["text"].startswith(prompt)
+        check_tokens_spell_text(ch["text"], ch["logprobs"])
+    for text, lp in streamed_logprobs(stream(server, body), 2):
+        assert text == r.json()["choices"][0]["text"]
+        check_tokens_spell_text(text, lp)
+
+
+@pytest.mark.parametrize("as_ids", [False, True])
+def test_echo_logprobs_offsets_with_non_ascii(server, as_ids):
+    """A character split into byte-fallback tokens: each of them reads
+    bytes:\\xNN and starts where the character does; every other token
+    starts at its offset, and the next token starts after the character."""
+    prompt = "The \u65e5 was open"
+    ids = server.post("/tokenize", {"prompt": prompt}).json()["tokens"]
+    r = server.complete({"prompt": ids if as_ids else prompt, "max_tokens": 0, "echo": True,
+                         "logprobs": 0})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    text, lp = ch["text"].encode(), ch["logprobs"]
+    assert ch["text"] == prompt
+    assert any(t.startswith("bytes:") for t in lp["tokens"])
+    offs = lp["text_offset"] + [len(text)]
+    for i, tok in enumerate(lp["tokens"]):
+        if tok.startswith("bytes:"):
+            assert text[offs[i]:offs[i] + 1] == b"\xe6"
+            assert offs[i + 1] in (offs[i], offs[i] + 3)
+        else:
+            assert text[offs[i]:offs[i + 1]] == tok.encode(), (i, lp["tokens"], offs)
+
+
+@pytest.mark.parametrize("echo", [False, True])
+@pytest.mark.parametrize("streamed", [False, True])
+def test_logprobs_spell_text_after_a_bos_only_prompt(server, echo, streamed):
+    """After a prompt of BOS alone the first generated word starts the text
+    and has no leading space; its token, and the alternatives at that place,
+    read the same."""
+    bos = server.post("/tokenize", {"prompt": "x"}).json()["tokens"][0]
+    body = {"prompt": [bos], "max_tokens": 6, "temperature": 0, "echo": echo,
+            "logprobs": 3, "ignore_eos": True}
+    if streamed:
+        [(text, lp)] = streamed_logprobs(stream(server, body))
+    else:
+        ch = server.complete(body).json()["choices"][0]
+        text, lp = ch["text"], ch["logprobs"]
+        first = lp["top_logprobs"][1 if echo else 0]
+        assert lp["tokens"][1 if echo else 0] in first
+        assert not any(k.startswith(" ") for k in first), first
+    assert text and not text.startswith(" ")
+    check_tokens_spell_text(text, lp)
 
 
 def test_return_token_ids(server):
