@@ -121,6 +121,11 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
 extern "C" cudaError_t dol_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block,
                                       size_t smem, cudaStream_t stream, int n_ptrs,
                                       const void *const *ptrs, std::function<void()> *body);
+/* The checks of dol_emu_launch that need no stream (shape, __launch_bounds__,
+ * dynamic shared memory against the kernel's limit and the emulated
+ * architecture's, DOLPHIN_CUDA_EMU_ARCH); tests call it directly. */
+extern "C" cudaError_t dol_emu_launch_check(const char *name, const void *fn, dim3 grid, dim3 block,
+                                            size_t smem);
 
 namespace dol_emu {
 
@@ -160,10 +165,21 @@ static inline launch<P...> make_launch(void (*fn)(P...), const char *name, dim3 
 
 #define DOL_EMU_LAUNCH(k, ...) ::dol_emu::make_launch(k, #k, __VA_ARGS__)
 
-/* The C++ overload of cuda_runtime.h that nvcc would have brought in. */
+/* The C++ overloads of cuda_runtime.h that nvcc would have brought in. */
 template <class T> static inline cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *a, T *entry)
 {
     return ::cudaFuncGetAttributes(a, (const void *)entry);
 }
+template <class T> static inline cudaError_t cudaFuncSetAttribute(T *entry, enum cudaFuncAttribute attr, int value)
+{
+    return ::cudaFuncSetAttribute((const void *)entry, attr, value);
+}
+
+/* __launch_bounds__(max_threads[, ...]) of the kernel `name` (its template
+ * arguments, if any, left out): emu/rewrite_launches.cmake appends one call
+ * per kernel that declares bounds to the rewritten source, run at static
+ * initialisation; every launch of that kernel is then checked against it. */
+extern "C" int dol_emu_register_bounds(const char *name, int max_threads);
+#define DOL_EMU_BOUNDS_FIRST(first, ...) (first)
 
 #endif

@@ -6,7 +6,11 @@
  * asynchronous streams: work is queued and runs only at a synchronisation
  * point (stream, event or device sync, a synchronous copy), so a missing
  * synchronisation reads stale data. Events, stream capture and graphs
- * (a replay re-runs the captured work). */
+ * (a replay re-runs the captured work). Launches are checked against the
+ * per-block limits of the architecture emulated (DOLPHIN_CUDA_EMU_ARCH,
+ * default sm_75): the kernel's __launch_bounds__, and its dynamic shared
+ * memory against the limit cudaFuncSetAttribute sets (48 KiB minus the
+ * static shared memory by default) and the architecture's opt-in maximum. */
 #include "../emu/cuda_emu.h"
 #include "internal.h"
 
@@ -19,6 +23,7 @@
 #include <deque>
 #include <map>
 #include <set>
+#include <string>
 #include <vector>
 
 /* Opaque CUDA handle types, defined here. */
@@ -364,14 +369,102 @@ cudaError_t enqueue(cudaStream_t s0, const char *what, std::function<void()> fn)
 using namespace dol_emu;
 #define LOCK std::lock_guard<std::recursive_mutex> lock_(big_lock())
 
-/* ---- launches ------------------------------------------------------------------ */
+/* ---- launch limits -------------------------------------------------------------- */
 
-extern "C" cudaError_t dol_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block,
-                                      size_t smem, cudaStream_t stream, int n_ptrs,
-                                      const void *const *ptrs, std::function<void()> *body)
+namespace {
+
+/* Per-block limits of one architecture (CUDA C++ Programming Guide,
+ * "Technical Specifications per Compute Capability"); the same numbers as
+ * scripts/cuda-resources. */
+struct arch_limits {
+    int sm;
+    size_t smem_optin; /* most shared memory per block with the opt-in, static included */
+};
+const arch_limits ARCHS[] = {
+    { 75, 64u << 10 }, { 80, 163u << 10 }, { 86, 99u << 10 },
+    { 87, 163u << 10 }, { 89, 99u << 10 }, { 90, 227u << 10 },
+};
+const size_t SMEM_DEFAULT = 48u << 10; /* per block without the opt-in */
+
+/* DOLPHIN_CUDA_EMU_ARCH (sm_75, 75, ...; default sm_75, the smallest limits
+ * of the architectures built), read at every launch so a test can switch it. */
+const arch_limits &emu_arch(void)
+{
+    const char *e = getenv("DOLPHIN_CUDA_EMU_ARCH");
+    if (!e || !*e) return ARCHS[0];
+    const char *num = strncmp(e, "sm_", 3) == 0 ? e + 3 : e;
+    const int sm = atoi(num);
+    for (const arch_limits &a : ARCHS)
+        if (a.sm == sm) return a;
+    fault("DOLPHIN_CUDA_EMU_ARCH=%s: expected one of sm_75, sm_80, sm_86, sm_87, sm_89, sm_90", e);
+}
+
+std::map<std::string, int> &bounds_map(void)
+{
+    static std::map<std::string, int> m; /* filled during static initialisation */
+    return m;
+}
+
+/* cudaFuncAttributeMaxDynamicSharedMemorySize per kernel, as set */
+std::map<const void *, size_t> &dyn_smem_attr(void)
+{
+    static std::map<const void *, size_t> m;
+    return m;
+}
+
+/* The kernel's dynamic shared memory limit now: as set, or the default. */
+size_t dyn_smem_limit(const void *fn)
+{
+    auto it = dyn_smem_attr().find(fn);
+    if (it != dyn_smem_attr().end()) return it->second;
+    const size_t stat = static_smem_bytes();
+    return stat < SMEM_DEFAULT ? SMEM_DEFAULT - stat : 0;
+}
+
+/* "dol_attn_prefill_kernel<1>" -> "dol_attn_prefill_kernel" */
+std::string base_name(const char *name)
+{
+    std::string s(name);
+    const size_t lt = s.find('<');
+    return lt == std::string::npos ? s : s.substr(0, lt);
+}
+
+} // namespace
+
+extern "C" int dol_emu_register_bounds(const char *name, int max_threads)
+{
+    std::lock_guard<std::recursive_mutex> lock_(big_lock());
+    auto &m = bounds_map();
+    auto it = m.find(name);
+    if (it == m.end() || max_threads < it->second) m[name] = max_threads;
+    return max_threads;
+}
+
+extern "C" cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
 {
     LOCK;
-    (void)fn;
+    if (!func) return set_error(cudaErrorInvalidDeviceFunction);
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess; /* carve-out: a hint */
+    const arch_limits &a = emu_arch();
+    const size_t stat = static_smem_bytes();
+    if (value < 0 || stat + (size_t)value > a.smem_optin) {
+        report("cudaFuncSetAttribute(MaxDynamicSharedMemorySize, %d): with %zu bytes of static shared "
+               "memory above the %zu bytes per block of sm_%d", value, stat, a.smem_optin, a.sm);
+        return set_error(cudaErrorInvalidValue);
+    }
+    dyn_smem_attr()[func] = (size_t)value;
+    return cudaSuccess;
+}
+
+/* The checks of a launch that need no stream: block and grid shape, the
+ * kernel's __launch_bounds__, dynamic shared memory against the kernel's
+ * limit and the architecture's. cudaSuccess, or the error a GPU would
+ * return (also recorded for cudaGetLastError) after one line saying why. */
+extern "C" cudaError_t dol_emu_launch_check(const char *name, const void *fn, dim3 grid, dim3 block,
+                                            size_t smem)
+{
+    LOCK;
+    const arch_limits &arch = emu_arch();
     const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
     if (!block.x || !block.y || !block.z || block.x > 1024 || block.y > 1024 || block.z > 64 || threads > 1024) {
         report("launch of %s: block (%u,%u,%u) is not a valid shape (at most 1024 threads, x, y <= 1024, "
@@ -383,12 +476,39 @@ extern "C" cudaError_t dol_emu_launch(const char *name, const void *fn, dim3 gri
                grid.x, grid.y, grid.z);
         return set_error(cudaErrorInvalidConfiguration);
     }
+    auto b = bounds_map().find(base_name(name));
+    if (b != bounds_map().end() && threads > (unsigned long long)b->second) {
+        report("launch of %s: %llu threads per block exceed its __launch_bounds__(%d) (sm_%d)", name,
+               threads, b->second, arch.sm);
+        return set_error(cudaErrorLaunchOutOfResources);
+    }
     const size_t stat = static_smem_bytes();
-    if (smem > 48 * 1024 || stat + smem > 48 * 1024) {
-        report("launch of %s: %zu bytes of dynamic shared memory + %zu static exceed 48 KiB (no opt-in)",
-               name, smem, stat);
+    const size_t limit = dyn_smem_limit(fn);
+    if (smem > limit) {
+        const bool set = dyn_smem_attr().count(fn) != 0;
+        report("launch of %s: %zu bytes of dynamic shared memory exceed the kernel's limit of %zu (%s; "
+               "sm_%d allows %zu per block with cudaFuncSetAttribute(MaxDynamicSharedMemorySize))",
+               name, smem, limit, set ? "as set by cudaFuncSetAttribute" : "48 KiB minus the static, no opt-in",
+               arch.sm, arch.smem_optin);
         return set_error(cudaErrorInvalidValue);
     }
+    if (stat + smem > arch.smem_optin) {
+        report("launch of %s: %zu bytes of dynamic + %zu static shared memory exceed the %zu bytes per block "
+               "of sm_%d", name, smem, stat, arch.smem_optin, arch.sm);
+        return set_error(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+
+/* ---- launches ------------------------------------------------------------------ */
+
+extern "C" cudaError_t dol_emu_launch(const char *name, const void *fn, dim3 grid, dim3 block,
+                                      size_t smem, cudaStream_t stream, int n_ptrs,
+                                      const void *const *ptrs, std::function<void()> *body)
+{
+    LOCK;
+    const cudaError_t ck = dol_emu_launch_check(name, fn, grid, block, smem);
+    if (ck != cudaSuccess) return ck;
     int sdev = 0;
     if (!stream_device(stream, &sdev)) {
         report("launch of %s: invalid stream %p", name, (void *)stream);
@@ -524,10 +644,12 @@ extern "C" cudaError_t cudaDriverGetVersion(int *v) { *v = CUDART_VERSION; retur
 
 extern "C" cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *func)
 {
+    LOCK;
     if (!func) return set_error(cudaErrorInvalidDeviceFunction);
     memset(attr, 0, sizeof *attr);
     attr->maxThreadsPerBlock = 1024;
     attr->sharedSizeBytes = static_smem_bytes();
+    attr->maxDynamicSharedSizeBytes = (int)dyn_smem_limit(func);
     attr->ptxVersion = attr->binaryVersion = st().cc;
     return cudaSuccess;
 }

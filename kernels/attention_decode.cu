@@ -133,18 +133,25 @@ extern "C" cudaError_t dol_cuda_attention_decode(dol_f16 *out, int out_ld, const
         return cudaErrorInvalidValue;
     const dim3 grid((unsigned)n_heads, (unsigned)n_dec, (unsigned)n_splits);
     const int group = n_heads / n_kv_heads;
-    if (head_dim <= 64)
-        dol_attn_decode_kernel<1><<<grid, 32, 0, stream>>>(part, q, q_ld, dec_rows, pos, item, n_heads,
-                                                           group, head_dim, scale, kv, n_splits, split_len);
-    else if (head_dim <= 128)
-        dol_attn_decode_kernel<2><<<grid, 32, 0, stream>>>(part, q, q_ld, dec_rows, pos, item, n_heads,
-                                                           group, head_dim, scale, kv, n_splits, split_len);
-    else
-        dol_attn_decode_kernel<4><<<grid, 32, 0, stream>>>(part, q, q_ld, dec_rows, pos, item, n_heads,
-                                                           group, head_dim, scale, kv, n_splits, split_len);
+    const unsigned threads = dol_cuda_cfg_attn_decode(head_dim).threads;
+    switch (dol_cuda_attn_pairs(head_dim)) {
+    case 1:
+        dol_attn_decode_kernel<1><<<grid, threads, 0, stream>>>(part, q, q_ld, dec_rows, pos, item, n_heads,
+                                                                group, head_dim, scale, kv, n_splits, split_len);
+        break;
+    case 2:
+        dol_attn_decode_kernel<2><<<grid, threads, 0, stream>>>(part, q, q_ld, dec_rows, pos, item, n_heads,
+                                                                group, head_dim, scale, kv, n_splits, split_len);
+        break;
+    default:
+        dol_attn_decode_kernel<4><<<grid, threads, 0, stream>>>(part, q, q_ld, dec_rows, pos, item, n_heads,
+                                                                group, head_dim, scale, kv, n_splits, split_len);
+        break;
+    }
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess) return rc;
-    dol_attn_decode_combine_kernel<<<dim3((unsigned)n_heads, (unsigned)n_dec), 128, 0, stream>>>(
+    const unsigned combine_threads = dol_cuda_cfg_attn_combine(head_dim).threads;
+    dol_attn_decode_combine_kernel<<<dim3((unsigned)n_heads, (unsigned)n_dec), combine_threads, 0, stream>>>(
         reinterpret_cast<__half *>(out), out_ld, part, dec_rows, n_heads, head_dim, n_splits);
     return cudaGetLastError();
 }

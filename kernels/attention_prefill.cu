@@ -14,17 +14,12 @@
 #include "kernels/cuda_common.cuh"
 
 #define BQ DOL_CUDA_PREFILL_BQ
-#define BK 32
-
-static size_t dol_prefill_smem(int hd)
-{
-    return (size_t)BQ * hd * sizeof(float) + 2 * (size_t)BK * (hd + 2) * sizeof(__half);
-}
+#define BK DOL_CUDA_PREFILL_BK
 
 template <int NP>
 __global__ void __launch_bounds__(BQ * 32)
 dol_attn_prefill_kernel(__half *out, int out_ld, const float *q, int q_ld, const int4 *tiles,
-                        int n_heads, int group, int hd, float scale, dol_cuda_kv kv)
+                        int group, int hd, float scale, dol_cuda_kv kv)
 {
     extern __shared__ float4 dol_smem[]; /* float4: 16-byte alignment */
     float *qs = reinterpret_cast<float *>(dol_smem);         /* [BQ][hd] */
@@ -124,18 +119,31 @@ extern "C" cudaError_t dol_cuda_attention_prefill(dol_f16 *out, int out_ld, cons
         n_heads % n_kv_heads != 0 || n_heads > 65535)
         return cudaErrorInvalidValue;
     const dim3 grid((unsigned)n_tiles, (unsigned)n_heads);
-    const size_t smem = dol_prefill_smem(head_dim); /* <= 41 KiB for head_dim 256 */
+    /* threads, the [BQ][hd] FP32 queries and the K and V tiles in shared memory */
+    const dol_cuda_launch_cfg c = dol_cuda_cfg_attn_prefill(head_dim);
     const int group = n_heads / n_kv_heads;
     const int4 *t4 = reinterpret_cast<const int4 *>(tiles);
     __half *o = reinterpret_cast<__half *>(out);
-    if (head_dim <= 64)
-        dol_attn_prefill_kernel<1><<<grid, BQ * 32, smem, stream>>>(o, out_ld, q, q_ld, t4, n_heads, group,
-                                                                    head_dim, scale, kv);
-    else if (head_dim <= 128)
-        dol_attn_prefill_kernel<2><<<grid, BQ * 32, smem, stream>>>(o, out_ld, q, q_ld, t4, n_heads, group,
-                                                                    head_dim, scale, kv);
-    else
-        dol_attn_prefill_kernel<4><<<grid, BQ * 32, smem, stream>>>(o, out_ld, q, q_ld, t4, n_heads, group,
-                                                                    head_dim, scale, kv);
+    cudaError_t rc = cudaSuccess;
+    switch (dol_cuda_attn_pairs(head_dim)) {
+    case 1:
+        rc = dol_cuda_apply_optin(dol_attn_prefill_kernel<1>, c);
+        if (rc != cudaSuccess) return rc;
+        dol_attn_prefill_kernel<1><<<grid, c.threads, c.smem, stream>>>(o, out_ld, q, q_ld, t4, group,
+                                                                        head_dim, scale, kv);
+        break;
+    case 2:
+        rc = dol_cuda_apply_optin(dol_attn_prefill_kernel<2>, c);
+        if (rc != cudaSuccess) return rc;
+        dol_attn_prefill_kernel<2><<<grid, c.threads, c.smem, stream>>>(o, out_ld, q, q_ld, t4, group,
+                                                                        head_dim, scale, kv);
+        break;
+    default:
+        rc = dol_cuda_apply_optin(dol_attn_prefill_kernel<4>, c);
+        if (rc != cudaSuccess) return rc;
+        dol_attn_prefill_kernel<4><<<grid, c.threads, c.smem, stream>>>(o, out_ld, q, q_ld, t4, group,
+                                                                        head_dim, scale, kv);
+        break;
+    }
     return cudaGetLastError();
 }

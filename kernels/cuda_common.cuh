@@ -148,6 +148,16 @@ __device__ __forceinline__ float dol_dot_q_k(const float *q, const __half *k, in
 }
 
 static inline unsigned dol_div_up(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+
+/* Raise the kernel's dynamic shared memory limit when its configuration asks
+ * for more than the default (cfg.smem_optin, kernels/launch.h); nothing
+ * otherwise. Call before the launch. */
+template <typename K>
+static inline cudaError_t dol_cuda_apply_optin(K *kernel, const dol_cuda_launch_cfg &cfg)
+{
+    if (!cfg.smem_optin) return cudaSuccess;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)cfg.smem_optin);
+}
 #endif /* __CUDACC__ || DOL_CUDA_EMU */
 
 #endif

@@ -15,6 +15,6 @@ extern "C" cudaError_t dol_cuda_embedding(float *x, const dol_f16 *table, const 
                                           int d, cudaStream_t stream)
 {
     if (T <= 0) return cudaSuccess;
-    dol_embedding_kernel<<<T, 256, 0, stream>>>(x, reinterpret_cast<const __half *>(table), ids, d);
+    dol_embedding_kernel<<<T, dol_cuda_cfg_embedding(d).threads, 0, stream>>>(x, reinterpret_cast<const __half *>(table), ids, d);
     return cudaGetLastError();
 }

@@ -33,11 +33,9 @@ extern "C" {
 
 typedef uint16_t dol_f16;
 
-/* Head dimensions the attention kernels accept: even, a multiple of 8, at
- * most 256 (Llama-2 uses 128). */
-#define DOL_CUDA_MAX_HEAD_DIM 256
-/* Queries per prefill attention tile (one warp each). */
-#define DOL_CUDA_PREFILL_BQ 8
+/* DOL_CUDA_MAX_HEAD_DIM, DOL_CUDA_PREFILL_BQ and every kernel's launch
+ * configuration */
+#include "kernels/launch.h"
 
 typedef struct {
     dol_f16 *pool;          /* device base of the block pool */

@@ -26,7 +26,7 @@ extern "C" cudaError_t dol_cuda_kv_write(dol_cuda_kv kv, const float *src, int l
                                          cudaStream_t stream)
 {
     if (T <= 0) return cudaSuccess;
-    dol_kv_write_kernel<<<T, 128, 0, stream>>>(kv, src, ld, k_off, v_off, pos, item);
+    dol_kv_write_kernel<<<T, dol_cuda_cfg_kv_write().threads, 0, stream>>>(kv, src, ld, k_off, v_off, pos, item);
     return cudaGetLastError();
 }
 

@@ -144,12 +144,13 @@ static cudaError_t launch_gemv(float *out, const __half *x, const dol_cuda_q8 *W
                                cudaStream_t stream)
 {
     const unsigned blocks = dol_div_up((size_t)W->rows, DOL_QUANT_ROWS);
+    const dol_cuda_launch_cfg c = dol_cuda_cfg_quant_gemv();
     const __half *sc = reinterpret_cast<const __half *>(W->scales);
     if (vec)
-        dol_q8_gemv_kernel<T><<<blocks, DOL_QUANT_THREADS, 0, stream>>>(out, x, W->quants, sc, W->rows,
+        dol_q8_gemv_kernel<T><<<blocks, c.threads, 0, stream>>>(out, x, W->quants, sc, W->rows,
                                                                   W->cols);
     else
-        dol_q8_gemv_any_kernel<T><<<blocks, DOL_QUANT_THREADS, 0, stream>>>(out, x, W->quants, sc,
+        dol_q8_gemv_any_kernel<T><<<blocks, c.threads, 0, stream>>>(out, x, W->quants, sc,
                                                                       W->rows, W->cols);
     return cudaGetLastError();
 }
@@ -173,7 +174,7 @@ extern "C" cudaError_t dol_cuda_q8_dequant(dol_f16 *w, const dol_cuda_q8 *W, int
     if (rows <= 0) return cudaSuccess;
     if (row0 < 0 || row0 + rows > W->rows || W->cols <= 0) return cudaErrorInvalidValue;
     const size_t n = (size_t)rows * (size_t)W->cols;
-    dol_q8_dequant_kernel<<<dol_quant_dequant_blocks(n), 256, 0, stream>>>(
+    dol_q8_dequant_kernel<<<dol_quant_dequant_blocks(n), dol_cuda_cfg_dequant().threads, 0, stream>>>(
         reinterpret_cast<__half *>(w), W->quants, reinterpret_cast<const __half *>(W->scales),
         row0, rows, W->cols);
     return cudaGetLastError();

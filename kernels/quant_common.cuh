@@ -19,7 +19,7 @@
 
 #include "kernels/cuda_common.cuh"
 
-#define DOL_QUANT_THREADS 128 /* threads per block of the decode kernels (4 warps) */
+#define DOL_QUANT_THREADS DOL_CUDA_QUANT_GEMV_THREADS /* threads per block of the decode kernels (4 warps) */
 #define DOL_QUANT_WARPS (DOL_QUANT_THREADS / 32)
 #define DOL_QUANT_ROWS 4      /* rows of W per block of the decode kernels */
 
@@ -157,10 +157,11 @@ static cudaError_t dol_quant_by_rows(int T, Launch &&launch)
     }
 }
 
-/* Blocks of 256 threads for a grid-stride dequantization kernel over n items. */
+/* Blocks of dol_cuda_cfg_dequant() threads for a grid-stride dequantization
+ * kernel over n items. */
 static inline unsigned dol_quant_dequant_blocks(size_t n)
 {
-    unsigned blocks = dol_div_up(n, 256);
+    unsigned blocks = dol_div_up(n, dol_cuda_cfg_dequant().threads);
     if (blocks > 65535u * 8u) blocks = 65535u * 8u; /* grid-stride loop covers the rest */
     return blocks;
 }

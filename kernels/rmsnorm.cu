@@ -36,7 +36,7 @@ extern "C" cudaError_t dol_cuda_rmsnorm_residual(dol_f16 *y, float *x, const flo
                                                  float eps, cudaStream_t stream)
 {
     if (R <= 0) return cudaSuccess;
-    const int threads = d >= 2048 ? 512 : 256;
+    const unsigned threads = dol_cuda_cfg_rmsnorm(d).threads;
     dol_rmsnorm_residual_kernel<<<R, threads, 0, stream>>>(reinterpret_cast<__half *>(y), x, delta, w,
                                                            rows, d, eps);
     return cudaGetLastError();

@@ -29,7 +29,7 @@ extern "C" cudaError_t dol_cuda_rope(float *x, int ld, const int32_t *pos, int T
                                      const float *sin_tab, cudaStream_t stream)
 {
     if (T <= 0) return cudaSuccess;
-    dol_rope_kernel<<<T, 128, 0, stream>>>(x, ld, pos, n_heads + n_kv_heads, head_dim, cos_tab,
+    dol_rope_kernel<<<T, dol_cuda_cfg_rope().threads, 0, stream>>>(x, ld, pos, n_heads + n_kv_heads, head_dim, cos_tab,
                                            sin_tab);
     return cudaGetLastError();
 }

@@ -6,7 +6,7 @@
  * a few log-probabilities. */
 #include "kernels/cuda_common.cuh"
 
-#define DOL_SAMPLING_THREADS 256
+#define DOL_SAMPLING_THREADS DOL_CUDA_SAMPLING_THREADS
 
 /* (v, i) beats (bv, bi) when larger, or equal with a lower index; NaN never
  * beats anything (comparisons with NaN are false), matching a host loop
@@ -82,7 +82,7 @@ extern "C" cudaError_t dol_cuda_argmax_rows(int32_t *idx, float *val, const floa
                                             int V, cudaStream_t stream)
 {
     if (R <= 0) return cudaSuccess;
-    dol_argmax_kernel<<<R, DOL_SAMPLING_THREADS, 0, stream>>>(idx, val, logits, V);
+    dol_argmax_kernel<<<R, dol_cuda_cfg_sampling().threads, 0, stream>>>(idx, val, logits, V);
     return cudaGetLastError();
 }
 
@@ -90,6 +90,6 @@ extern "C" cudaError_t dol_cuda_logsumexp_rows(float *lse, const float *logits, 
                                                cudaStream_t stream)
 {
     if (R <= 0) return cudaSuccess;
-    dol_logsumexp_kernel<<<R, DOL_SAMPLING_THREADS, 0, stream>>>(lse, logits, V);
+    dol_logsumexp_kernel<<<R, dol_cuda_cfg_sampling().threads, 0, stream>>>(lse, logits, V);
     return cudaGetLastError();
 }

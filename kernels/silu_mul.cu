@@ -21,8 +21,9 @@ extern "C" cudaError_t dol_cuda_silu_mul(dol_f16 *out, const float *gu, int T, i
 {
     if (T <= 0 || f <= 0) return cudaSuccess;
     const size_t n = (size_t)T * (size_t)f;
-    unsigned blocks = dol_div_up(n, 256);
+    const unsigned threads = dol_cuda_cfg_silu_mul().threads;
+    unsigned blocks = dol_div_up(n, threads);
     if (blocks > 65535u * 8u) blocks = 65535u * 8u; /* grid-stride loop covers the rest */
-    dol_silu_mul_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<__half *>(out), gu, T, f);
+    dol_silu_mul_kernel<<<blocks, threads, 0, stream>>>(reinterpret_cast<__half *>(out), gu, T, f);
     return cudaGetLastError();
 }

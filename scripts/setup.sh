@@ -20,6 +20,7 @@ PKGS=(
   python3 python3-venv python3-pytest python3-requests python3-yaml
   curl nginx-light prometheus
   clang libclang-rt-14-dev
+  clang-19
   gnuplot-nox
 )
 

@@ -10,7 +10,9 @@
 # (tests/soak: 20,000 requests against the Release build, a short run
 # against the sanitizer build, then three models with loads and unloads
 # under the load),
-# and the CUDA backend under the CUDA emulation (scripts/ci-cuda-emu.sh:
+# the CUDA compile-time checks (scripts/ci-cuda-static.sh: per-architecture
+# kernel resources and launch limits, clang-19 as a second front end, their
+# mutation check), and the CUDA backend under the CUDA emulation (scripts/ci-cuda-emu.sh:
 # kernels, engine and HTTP tests on the CPU, both thread orders, the mutation
 # check), and the GPU verification kit rehearsed under that emulation
 # (scripts/gpu-kit rehearse). Fixtures come from $DOLPHIN_SHARED (default ../shared).
@@ -47,6 +49,9 @@ if [ "$quick" = 1 ]; then
   echo "== quick tests passed (the whole suite: scripts/test.sh)"
   exit 0
 fi
+
+echo "== CUDA compile-time checks (scripts/ci-cuda-static.sh: resources and launch limits per architecture, clang-19, mutants)"
+bash scripts/ci-cuda-static.sh
 
 echo "== build (Release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null

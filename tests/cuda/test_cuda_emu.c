@@ -1,8 +1,11 @@
 /* tests/cuda/test_cuda_emu.c — the CUDA emulation itself (DOLPHIN_CUDA=EMU,
  * emu/): that work on a stream waits for a synchronisation point (stale data
  * otherwise), capture and graph replay, capture invalidation, virtual
- * devices and their memory, copy checks, and cuBLAS GEMM against a plain
- * column-major loop for every transpose pair, with its argument checks.
+ * devices and their memory, copy checks, cuBLAS GEMM against a plain
+ * column-major loop for every transpose pair, with its argument checks, and
+ * the launch limits of the emulated architecture (DOLPHIN_CUDA_EMU_ARCH):
+ * __launch_bounds__, dynamic shared memory against the default and
+ * cudaFuncSetAttribute, the architecture's maximum.
  * Skipped (77) in a real CUDA build: it tests emulator behaviour. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +21,9 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+
+#include "dolphin/common.h"
+#include "kernels/kernels.h"
 
 #ifdef DOLPHIN_CUDA_EMU
 
@@ -271,6 +277,92 @@ static void test_cublaslt_matmul(void **state)
     CK(cudaFree(dD));
 }
 
+/* emu/cuda_emu.h (C++ only): the checks of a launch, without running it */
+cudaError_t dol_emu_launch_check(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem);
+
+#define EXPECT_ERR(call, want)                              \
+    do {                                                    \
+        assert_int_equal((call), (want));                   \
+        assert_int_equal(cudaGetLastError(), (want));       \
+        assert_int_equal(cudaGetLastError(), cudaSuccess);  \
+    } while (0)
+
+/* Each launch check fires, and only past its limit: the kernels'
+ * __launch_bounds__ as registered from kernels/NAME.cu, dynamic shared memory
+ * against 48 KiB minus the static without the opt-in, against the value
+ * cudaFuncSetAttribute set, and against the maximum of the architecture. */
+static void test_launch_limits(void **state)
+{
+    (void)state;
+    /* stand-ins for kernel addresses: the attribute is kept per address */
+    static const char fn_a = 0, fn_b = 0, fn_c = 0;
+    const dim3 grid = { 1, 1, 1 };
+    const dim3 b32 = { 32, 1, 1 }, b64 = { 64, 1, 1 }, b128 = { 128, 1, 1 }, b256 = { 256, 1, 1 };
+    const dim3 b512 = { 512, 1, 1 }, b1024 = { 1024, 1, 1 };
+    setenv("DOLPHIN_CUDA_EMU_ARCH", "sm_75", 1);
+    /* empty calls of the launchers: they link the kernels' objects, whose
+     * static initialisers register the bounds (and dol_set_err, which
+     * kernels/q8.cu needs from dolphin_core, further down the link line) */
+    char err[16];
+    dol_set_err(err, sizeof err, "linked");
+    const dol_cuda_q8 w8 = { NULL, NULL, 4, 64 };
+    CK(dol_cuda_q8_gemv(NULL, NULL, 0, &w8, 0));
+    const dol_cuda_kv kv = { 0 };
+    CK(dol_cuda_attention_decode(NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 1, 1, 64, 1.0f, kv, NULL, 1, 64, 0));
+    CK(dol_cuda_attention_prefill(NULL, 0, NULL, 0, NULL, 0, 1, 1, 64, 1.0f, kv, 0));
+
+    /* block size against __launch_bounds__ */
+    CK(dol_emu_launch_check("dol_q8_gemv_kernel<3>", &fn_a, grid, b128, 0));
+    EXPECT_ERR(dol_emu_launch_check("dol_q8_gemv_kernel<3>", &fn_a, grid, b256, 0),
+               cudaErrorLaunchOutOfResources);
+    CK(dol_emu_launch_check("dol_attn_decode_kernel<2>", &fn_a, grid, b32, 0));
+    EXPECT_ERR(dol_emu_launch_check("dol_attn_decode_kernel<2>", &fn_a, grid, b64, 0),
+               cudaErrorLaunchOutOfResources);
+    CK(dol_emu_launch_check("dol_attn_prefill_kernel<1>", &fn_a, grid, b256, 0));
+    EXPECT_ERR(dol_emu_launch_check("dol_attn_prefill_kernel<1>", &fn_a, grid, b512, 0),
+               cudaErrorLaunchOutOfResources);
+    /* no bounds: the 1024 of every architecture */
+    CK(dol_emu_launch_check("dol_rope_kernel", &fn_a, grid, b1024, 0));
+
+    /* dynamic shared memory without the opt-in: 48 KiB minus the static */
+    struct cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, &fn_a));
+    const size_t stat = fa.sharedSizeBytes;
+    assert_true(stat < 16 * 1024);
+    const size_t dflt = 48 * 1024 - stat;
+    assert_int_equal((size_t)fa.maxDynamicSharedSizeBytes, dflt);
+    CK(dol_emu_launch_check("dol_attn_prefill_kernel<1>", &fn_a, grid, b256, dflt));
+    EXPECT_ERR(dol_emu_launch_check("dol_attn_prefill_kernel<1>", &fn_a, grid, b256, dflt + 1),
+               cudaErrorInvalidValue);
+
+    /* raised with cudaFuncSetAttribute: up to the value set */
+    const size_t raised = 60 * 1024 - stat;
+    CK(cudaFuncSetAttribute(&fn_b, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)raised));
+    CK(dol_emu_launch_check("dol_attn_prefill_kernel<1>", &fn_b, grid, b256, raised));
+    EXPECT_ERR(dol_emu_launch_check("dol_attn_prefill_kernel<1>", &fn_b, grid, b256, raised + 1),
+               cudaErrorInvalidValue);
+    /* the attribute belongs to one kernel: another keeps the default */
+    EXPECT_ERR(dol_emu_launch_check("dol_attn_prefill_kernel<1>", &fn_a, grid, b256, raised),
+               cudaErrorInvalidValue);
+
+    /* never above the architecture's maximum: 64 KiB per block on sm_75, 227 KiB on sm_90 */
+    EXPECT_ERR(cudaFuncSetAttribute(&fn_c, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)(64 * 1024 - stat + 1)),
+               cudaErrorInvalidValue);
+    CK(cudaFuncSetAttribute(&fn_c, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(64 * 1024 - stat)));
+    setenv("DOLPHIN_CUDA_EMU_ARCH", "sm_90", 1);
+    CK(cudaFuncSetAttribute(&fn_c, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+    CK(dol_emu_launch_check("dol_attn_prefill_kernel<1>", &fn_c, grid, b256, 100 * 1024));
+    EXPECT_ERR(cudaFuncSetAttribute(&fn_c, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)(227 * 1024 - stat + 1)),
+               cudaErrorInvalidValue);
+    /* the same launch on sm_75: above its maximum whatever the attribute says */
+    setenv("DOLPHIN_CUDA_EMU_ARCH", "sm_75", 1);
+    EXPECT_ERR(dol_emu_launch_check("dol_attn_prefill_kernel<1>", &fn_c, grid, b256, 100 * 1024),
+               cudaErrorInvalidValue);
+    unsetenv("DOLPHIN_CUDA_EMU_ARCH");
+}
+
 int main(void)
 {
     /* read once, at the emulation's first call */
@@ -282,6 +374,7 @@ int main(void)
         cmocka_unit_test(test_devices_and_memory),
         cmocka_unit_test(test_cublas_gemm),
         cmocka_unit_test(test_cublaslt_matmul),
+        cmocka_unit_test(test_launch_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
