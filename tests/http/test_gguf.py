@@ -8,7 +8,7 @@ logits to the reference within 1e-3; equal logprobs carry that here).
 /v1/models, /healthz and the model_loaded line name the format and the
 type mix; a file this build cannot serve ends the start with exit 2 and one
 line naming the file and the tensor or key."""
-import json
+import os
 import re
 import subprocess
 
@@ -17,7 +17,10 @@ import requests
 
 from dolphin_server import BIN, Dolphind, golden, gguf_file, model_dir
 
-SMALL_MARGIN = 1e-3
+# the reference's ids are held up to the first step whose margin is below
+# this (scripts/ci-cuda-emu.sh sets 5e-2 for the FP16 CUDA backend)
+SMALL_MARGIN = float(os.environ.get("DOLPHIN_GGUF_MARGIN", "1e-3"))
+EXACT = SMALL_MARGIN <= 1e-3
 
 # (gguf file, the checkpoint it was made from, golden name, golden entry, type mix)
 FILES = [
@@ -76,7 +79,7 @@ def test_greedy_against_reference_and_checkpoint(pair):
         top = ref["last_logits_top8"]
         first = cg["logprobs"]["top_logprobs"][0]
         vals = sorted(first.values(), reverse=True)
-        if len(vals) >= 2 and len(first) == 5:
+        if EXACT and len(vals) >= 2 and len(first) == 5:
             assert abs((vals[0] - vals[1]) - (top[0][1] - top[1][1])) < 2e-3
 
 
