@@ -414,6 +414,45 @@ static void test_refused_keys(void **state)
     expect_refused(&(spec){.token_type_bad = 9}, "key tokenizer.ggml.token_type: token 4 has type 9");
 }
 
+/* The source digest (the prepared-weights cache's key) of a GGUF model
+ * changes with the bytes before the data and with the file's mtime, and
+ * not from one load to the next. */
+static void test_source_digest(void **state)
+{
+    (void)state;
+    spec s = {0};
+    buf b = make_gguf(&s);
+    char path[128], err[DOL_ERR_LEN];
+    write_tmp(&b, path, sizeof path);
+    uint8_t d1[32], d2[32], d3[32];
+    dol_model *m = NULL;
+    if (dol_model_load(path, &m, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(dol_model_source_digest(m, d1, err, sizeof err), 0);
+    dol_model_free(m);
+    if (dol_model_load(path, &m, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_int_equal(dol_model_source_digest(m, d2, err, sizeof err), 0);
+    dol_model_free(m);
+    assert_memory_equal(d1, d2, 32);
+    /* the same file with another rms epsilon, same size */
+    size_t at = 0;
+    for (size_t i = 0; i + 38 < b.n; i++)
+        if (memcmp(b.b + i, "llama.attention.layer_norm_rms_epsilon", 38) == 0) at = i + 38 + 4;
+    assert_true(at > 0);
+    float eps = 2e-5f;
+    memcpy(b.b + at, &eps, 4);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b.b, 1, b.n, f), b.n);
+    fclose(f);
+    if (dol_model_load(path, &m, err, sizeof err) != 0) fail_msg("%s", err);
+    assert_float_equal(m->cfg.rms_norm_eps, 2e-5f, 0);
+    assert_int_equal(dol_model_source_digest(m, d3, err, sizeof err), 0);
+    dol_model_free(m);
+    assert_memory_not_equal(d1, d3, 32);
+    unlink(path);
+    free(b.b);
+}
+
 /* Every prefix of a valid file is refused by the reader, cleanly. */
 static void test_truncations(void **state)
 {
@@ -671,6 +710,7 @@ int main(void)
         cmocka_unit_test(test_refused_tensors),
         cmocka_unit_test(test_refused_keys),
         cmocka_unit_test(test_truncations),
+        cmocka_unit_test(test_source_digest),
         cmocka_unit_test(test_shared_tables),
         cmocka_unit_test(test_shared_quantized_refused),
         cmocka_unit_test(test_shared_stories_f32),
