@@ -585,7 +585,8 @@ int dol_gguf_open(const char *path, dol_gguf **out, char *err, size_t errlen)
         dol_set_err(err, errlen, "%s: out of memory", path);
         return -1;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* (O_NONBLOCK: a FIFO must not block the open; no effect on a file) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     struct stat st;
     if (fd < 0) {
         dol_set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));

@@ -469,6 +469,18 @@ static int bind(gl *L, const char *name, int64_t rows, int64_t cols, dol_tensor 
     return 0;
 }
 
+/* N of a name "blk.N.…" (saturating: only "too large" matters), else -1. */
+static long layer_of(const char *name)
+{
+    if (strncmp(name, "blk.", 4) != 0) return -1;
+    const char *p = name + 4;
+    if (*p < '0' || *p > '9') return -1;
+    long n = 0;
+    for (; *p >= '0' && *p <= '9'; p++)
+        if (n <= INT_MAX) n = n * 10 + (*p - '0');
+    return *p == '.' ? n : -1;
+}
+
 static int bind_all(gl *L)
 {
     dol_model *m = L->m;
@@ -509,9 +521,9 @@ static int bind_all(gl *L)
     for (size_t i = 0; i < dol_gguf_n_tensors(L->g); i++) {
         if (L->used[i]) continue;
         const char *tn = dol_gguf_tensor_at(L->g, i)->name;
-        int layer;
-        if (sscanf(tn, "blk.%d.", &layer) == 1 && layer >= c->n_layers)
-            dol_set_err(L->err, L->errlen, "%s: tensor %s: layer %d, but llama.block_count is %d",
+        long layer = layer_of(tn);
+        if (layer >= c->n_layers)
+            dol_set_err(L->err, L->errlen, "%s: tensor %s: layer %ld, but llama.block_count is %d",
                         L->path, tn, layer, c->n_layers);
         else
             dol_set_err(L->err, L->errlen, "%s: tensor %s: not a tensor of a Llama model (this "
