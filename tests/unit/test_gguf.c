@@ -364,6 +364,44 @@ static void test_tied_bf16_and_linear_rope(void **state)
     dol_model_free(m);
 }
 
+static bool have_gguf(const char *file, char *path, size_t n)
+{
+    snprintf(path, n, "%s/models/gguf/%s", test_shared_dir(), file);
+    if (access(path, R_OK) == 0) return true;
+    print_message("  note: %s not found (set DOLPHIN_SHARED); skipped\n", path);
+    return false;
+}
+
+/* Linear RoPE scaling reaches the engine (on stories260K-F32.gguf, with
+ * rope_scale set as llama.rope.scaling.factor 2 would): position 0 is
+ * unchanged, later positions are not. The keys' path to rope_scale is
+ * test_tied_bf16_and_linear_rope's. */
+static void test_linear_rope_in_the_engine(void **state)
+{
+    (void)state;
+    char path[1200], err[DOL_ERR_LEN];
+    if (!have_gguf("stories260K-F32.gguf", path, sizeof path)) skip();
+    enum { NT = 5, V = 512 };
+    static float logits[2][NT * V];
+    for (int k = 0; k < 2; k++) {
+        dol_model *m = NULL;
+        if (dol_model_load(path, &m, err, sizeof err) != 0) fail_msg("%s", err);
+        assert_int_equal(m->cfg.vocab_size, V);
+        if (k) m->cfg.rope_scale = 2.0f;
+        dol_engine *e = NULL;
+        dol_engine_params p = {.n_threads = 1, .kv_block_size = 16, .kv_cache_tokens = 64,
+                               .max_seqs = 2, .max_batch_tokens = 64, .kv_dtype = DOL_KV_F32,
+                               .backend = DOL_BACKEND_CPU};
+        if (dol_engine_create(m, &p, &e, err, sizeof err) != 0) fail_msg("%s", err);
+        int32_t ids[NT] = {1, 403, 407, 261, 378};
+        test_forward_all(e, ids, NT, logits[k]);
+        dol_engine_free(e);
+        dol_model_free(m);
+    }
+    assert_memory_equal(logits[0], logits[1], sizeof(float) * V);   /* position 0 */
+    assert_memory_not_equal(logits[0] + (NT - 1) * V, logits[1] + (NT - 1) * V, sizeof(float) * V);
+}
+
 static void test_refused_header(void **state)
 {
     (void)state;
@@ -497,13 +535,6 @@ static void test_truncations(void **state)
 
 /* ---- the shared fixtures ---------------------------------------------------------------- */
 
-static bool have_gguf(const char *file, char *path, size_t n)
-{
-    snprintf(path, n, "%s/models/gguf/%s", test_shared_dir(), file);
-    if (access(path, R_OK) == 0) return true;
-    print_message("  note: %s not found (set DOLPHIN_SHARED); skipped\n", path);
-    return false;
-}
 
 /* Every shared GGUF file opens, with the tensor types its golden lists. */
 static void test_shared_tables(void **state)
@@ -706,6 +737,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_file),
         cmocka_unit_test(test_tied_bf16_and_linear_rope),
+        cmocka_unit_test(test_linear_rope_in_the_engine),
         cmocka_unit_test(test_refused_header),
         cmocka_unit_test(test_refused_tensors),
         cmocka_unit_test(test_refused_keys),
