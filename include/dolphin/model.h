@@ -188,6 +188,15 @@ void dol_model_free(dol_model *m);
 void dol_model_prefetch(const dol_model *m, const dol_tensor *t);
 size_t dol_model_release(const dol_model *m, const dol_tensor *t);
 
+/* Once every engine that will be made from m exists (the backends convert
+ * the seven linear layers of each block to their own format at creation and
+ * never read them again): free the copies m holds of those layers (a GGUF
+ * model's un-permuted attn_q / attn_k, tensors copied for alignment) and
+ * set their `data` to NULL. Returns the bytes freed. Everything else (the
+ * embedding, read in place; norms; lm_head) is left as it is. The caller
+ * must hold m alone (no other thread reads it meanwhile). */
+size_t dol_model_drop_copies(dol_model *m);
+
 /* A SHA-256 (FIPS 180-4, OpenSSL's libcrypto) that changes whenever the
  * checkpoint m was loaded from is changed on disk, for keying caches of
  * what is derived from its weights (docs/configuration.md, "The

@@ -812,6 +812,27 @@ void dol_model_free(dol_model *m)
     free(m);
 }
 
+size_t dol_model_drop_copies(dol_model *m)
+{
+    model_priv *p = m ? m->priv : NULL;
+    if (!p || p->n_owned == 0) return 0;
+    size_t freed = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        dol_layer_weights *w = &m->layers[l];
+        dol_tensor *t[7] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down};
+        for (int i = 0; i < 7; i++)
+            for (int k = 0; k < p->n_owned; k++) {
+                if (p->owned[k] != t[i]->data) continue;
+                freed += (size_t)(t[i]->rows * t[i]->cols) * dol_dtype_size(t[i]->dtype);
+                free(p->owned[k]);
+                p->owned[k] = p->owned[--p->n_owned];
+                t[i]->data = NULL;
+                break;
+            }
+    }
+    return freed;
+}
+
 /* ----------------------------------------------------------------------------
  * page hints */
 

@@ -403,6 +403,11 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
         if (erc == -2) *config_error = true;   /* a placement setting at fault: exit 2 */
         goto fail;
     }
+    /* the engine holds the linear layers in its own format now: the model's
+     * copies of them (a GGUF file's un-permuted attn_q / attn_k) can go */
+    size_t dropped = dol_model_drop_copies(o->model);
+    if (dropped > 0)
+        dol_log(DOL_LOG_INFO, "model_copies_freed", "model=%s bytes=%zu", me->name, dropped);
 
     dol_scheduler_params sp = {0};
     sp.max_batch_size = cfg->max_batch_size;

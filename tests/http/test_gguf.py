@@ -110,6 +110,9 @@ def test_format_and_types_shown(pair):
     assert entry["file_format"] == "gguf" and entry["file_types"] == mix
     line = [ln for ln in g.log().splitlines() if "event=model_loaded" in ln]
     assert line and "file_format=gguf" in line[0] and f'file_types="{mix}"' in line[0]
+    # the un-permuted attn_q / attn_k copies are freed once the engine holds them
+    assert "event=model_copies_freed" in g.log()
+    assert "event=model_copies_freed" not in h.log()
 
 
 def test_models_entry_with_a_gguf_path(tmp_path):

@@ -660,6 +660,18 @@ static void against_checkpoint(const char *file, const char *dir_name, const cha
     }
 
     dol_engine *eg = cpu_engine(g), *eh = cpu_engine(h);
+    /* the engine holds q / k in its own format: the model's un-permuted
+     * copies go (as the registry does), and nothing changes */
+    const dol_tensor *q0 = &g->layers[0].q;
+    size_t qk = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        qk += (size_t)(g->layers[l].q.rows * g->layers[l].q.cols + g->layers[l].k.rows * g->layers[l].k.cols) *
+              dol_dtype_size(q0->dtype);
+    assert_int_equal(dol_model_drop_copies(g), qk);
+    assert_null(g->layers[0].q.data);
+    assert_null(g->layers[0].k.data);
+    assert_non_null(g->layers[0].v.data);
+    assert_int_equal(dol_model_drop_copies(h), 0);
     const int V = a->vocab_size;
     float *fg = malloc(sizeof(float) * (size_t)V), *fh = malloc(sizeof(float) * (size_t)V);
     for (int ci = 0; ci < cJSON_GetArraySize(ref); ci++) {
