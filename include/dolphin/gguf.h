@@ -106,8 +106,8 @@ const dol_ggml_type_info *dol_ggml_type(uint32_t id);
 /* Open and validate `path`: mapped read-only (PROT_READ, MAP_PRIVATE),
  * never read twice. Checked: magic, version 2 or 3 (a big-endian file is
  * named as such), counts that cannot fit in the file, every string and
- * array inside the file, value types, duplicate keys, general.alignment (a
- * non-zero power of two, an unsigned integer), tensor names (1..255 bytes,
+ * array inside the file, value types, duplicate keys, general.alignment (an
+ * unsigned integer, a power of two up to 2^30), tensor names (1..255 bytes,
  * no duplicates), 1..4 dimensions whose product fits in int64 with ne[0] a
  * multiple of the type's block, known ggml types, offsets aligned and data
  * inside the file, no two tensors overlapping. 0 and *out (caller frees

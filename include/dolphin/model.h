@@ -149,7 +149,7 @@ bool dol_model_path_is_file(const char *path);
  *     must agree);
  *   - the tokenizer keys are checked here (tokenizer.ggml.model "llama",
  *     tokens, scores, token_type of one length, the special ids inside it,
- *     add_eos_token false) so that a file that cannot be served is refused
+ *     add_bos_token true, add_eos_token false, no precompiled_charsmap) so that a file that cannot be served is refused
  *     before anything else; dol_model_tokenizer builds it;
  *   - tensors by llama.cpp's names (token_embd, blk.N.attn_q, ...,
  *     output_norm, output: absent = tied to token_embd), each shape as the

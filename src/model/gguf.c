@@ -130,7 +130,7 @@ static int shown(uint64_t len) { return len > 200 ? 200 : (int)len; }
 /* ---- metadata ------------------------------------------------------------ */
 
 /* Skip (checking) `n` values of type t; arrays nest at most GGUF_MAX_NESTING
- * deep. `what` names the key in messages. */
+ * deep. `key` names the pair in messages. */
 static int skip_values(cursor *c, const dol_gguf_str *key, uint32_t t, uint64_t n, int depth)
 {
     size_t sz = scalar_size(t);
