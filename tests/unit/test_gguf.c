@@ -84,6 +84,7 @@ typedef struct {
     uint64_t tokens_count_override;
     bool bad_value_type;
     int token_type_bad;        /* nonzero: token 4's type */
+    bool round_bf16;           /* F32 weights hold values BF16 can represent */
 } spec;
 
 typedef struct {
@@ -225,11 +226,20 @@ static buf make_gguf(const spec *s)
     size_t total = data0 + at + (s->q_offset_add ? align : 0);
     while (o.n < total) put(&o, "\0\0\0\0\0\0\0\0", total - o.n < 8 ? total - o.n : 8);
     for (int i = 0; i < nt; i++) {
-        if (t[i].type != 0 || (s->q_offset_set && i == qi)) continue;
-        float *f = (float *)(o.b + data0 + off[i]);
+        if ((t[i].type != 0 && t[i].type != 30) || (s->q_offset_set && i == qi)) continue;
+        uint8_t *at = o.b + data0 + off[i];
         for (uint64_t r = 0; r < t[i].ne[1]; r++)
-            for (uint64_t c = 0; c < t[i].ne[0]; c++)
-                memcpy(&f[r * t[i].ne[0] + c], &(float){t[i].nd == 1 ? 1.0f : value_of(i, r, c) / 4096.0f}, 4);
+            for (uint64_t c = 0; c < t[i].ne[0]; c++) {
+                float v = t[i].nd == 1 ? 1.0f : value_of(i, r, c) / 4096.0f;
+                if (s->round_bf16 || t[i].type == 30) v = dol_bf16_to_f32(dol_f32_to_bf16(v));
+                size_t k = r * t[i].ne[0] + c;
+                if (t[i].type == 30) {
+                    uint16_t h = dol_f32_to_bf16(v);
+                    memcpy(at + 2 * k, &h, 2);
+                } else {
+                    memcpy(at + 4 * k, &v, 4);
+                }
+            }
     }
     return o;
 }
@@ -362,6 +372,34 @@ static void test_tied_bf16_and_linear_rope(void **state)
     assert_float_equal(m->cfg.rope_scale, 4.0f, 0);
     assert_string_equal(m->type_mix, "BF16 8, F32 3");
     dol_model_free(m);
+}
+
+/* A BF16 file runs through the engine like the F32 file of the same
+ * (BF16-representable) values. */
+static void test_bf16_in_the_engine(void **state)
+{
+    (void)state;
+    char err[DOL_ERR_LEN] = "";
+    float logits[2][3 * NV];
+    for (int k = 0; k < 2; k++) {
+        spec s = {.all_type = k ? 30 : 0, .round_bf16 = true};
+        dol_model *m = NULL;
+        if (load_spec(&s, &m, err, sizeof err) != 0) fail_msg("%s", err);
+        assert_int_equal(m->layers[0].q.dtype, k ? DOL_DTYPE_BF16 : DOL_DTYPE_F32);
+        dol_engine *e = NULL;
+        dol_engine_params p = {.n_threads = 1, .kv_block_size = 16, .kv_cache_tokens = 64,
+                               .max_seqs = 2, .max_batch_tokens = 64, .kv_dtype = DOL_KV_F32,
+                               .backend = DOL_BACKEND_CPU};
+        if (dol_engine_create(m, &p, &e, err, sizeof err) != 0) fail_msg("%s", err);
+        int32_t ids[3] = {1, 6, 7};
+        test_forward_all(e, ids, 3, logits[k]);
+        dol_engine_free(e);
+        dol_model_free(m);
+    }
+    for (int i = 0; i < 3 * NV; i++) {
+        assert_true(isfinite(logits[1][i]));
+        assert_float_equal(logits[1][i], logits[0][i], 1e-3 * (1 + fabsf(logits[0][i])));
+    }
 }
 
 static bool have_gguf(const char *file, char *path, size_t n)
@@ -749,6 +787,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_file),
         cmocka_unit_test(test_tied_bf16_and_linear_rope),
+        cmocka_unit_test(test_bf16_in_the_engine),
         cmocka_unit_test(test_linear_rope_in_the_engine),
         cmocka_unit_test(test_refused_header),
         cmocka_unit_test(test_refused_tensors),
