@@ -170,3 +170,22 @@ def test_broken_file_exit_2(tmp_path):
     assert p.returncode == 2, p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert f'{gpt}: key tokenizer.ggml.model: tokenizer "gpt2!" is not supported' in last, last
+
+
+def test_weights_cache_miss_then_hit(tmp_path):
+    """The prepared-weights cache keys a GGUF model by its file: a second
+    start maps what the first one wrote and answers the same."""
+    path = gguf_file("k256-F16.gguf")
+    texts, results = [], []
+    for _ in range(2):
+        srv = Dolphind(str(path), ["--weights-cache-dir", str(tmp_path)], threads=1)
+        try:
+            r = srv.complete({"model": srv.model, "prompt": "Once upon a time", "max_tokens": 12,
+                              "temperature": 0, "return_token_ids": True})
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["choices"][0]["token_ids"])
+            results += re.findall(r"event=weights_cache result=(\w+) ", srv.log())
+        finally:
+            srv.stop()
+    assert results == ["miss", "hit"], results
+    assert texts[0] == texts[1]
