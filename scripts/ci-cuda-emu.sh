@@ -6,7 +6,7 @@
 #      the engine on the fixtures,
 #      the emulation's own checks);
 #   2. the same again with every block's threads in reverse order;
-#   3. the HTTP golden, streaming and batch-invariance tests against
+#   3. the HTTP golden, streaming, batch-invariance and GGUF tests against
 #      `dolphind --backend cuda` from that build, and the layer-placement
 #      tests (two virtual devices, the CPU, exit statuses);
 #   4. the mutation check (scripts/cuda-emu-mutants.py): known defects
@@ -25,7 +25,7 @@ stamp() { echo "   ($(( SECONDS - t_start )) s so far)"; }
 echo "== build (CUDA emulation, ASan + UBSan, $B)"
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Debug -DDOLPHIN_SANITIZE=ON -DDOLPHIN_CUDA=EMU >/dev/null
 cmake --build "$B" -j"$JOBS" --target dolphind test_cuda_kernels test_cuda_nf4 test_cuda_q8 test_cuda_quant_golden \
-  test_cuda_engine test_cuda_emu test_cuda_placement
+  test_cuda_engine test_cuda_emu test_cuda_placement test_cuda_gguf
 stamp
 
 echo "== CUDA tests under the emulation (ctest -L cuda, threads in forward order)"
@@ -49,6 +49,9 @@ DOLPHIN_BIN="$PWD/$B/dolphind-cuda" ASAN_OPTIONS=detect_leaks=1 "$PWD/.venv/bin/
   tests/http/test_golden.py tests/http/test_api_streaming.py \
   "tests/http/test_memory.py::test_checkpoint_pages_released" \
   "tests/http/test_scheduler.py::test_batch_invariance" -q -p no:cacheprovider
+# GGUF files: the reference's ids up to the first margin below 5e-2 (FP16)
+DOLPHIN_GGUF_MARGIN=5e-2 DOLPHIN_BIN="$PWD/$B/dolphind-cuda" ASAN_OPTIONS=detect_leaks=1 \
+  "$PWD/.venv/bin/python" -m pytest tests/http/test_gguf.py -q -p no:cacheprovider
 stamp
 
 echo "== layer placement over HTTP (two virtual devices and the CPU)"

@@ -7,14 +7,18 @@
 # keeps the failing input and log under $DOLPHIN_FUZZ_KEEP (default
 # /tmp/dolphin-fuzz-failures) to reproduce with `build-fuzz/<target> FILE`.
 #
-#   scripts/fuzz.sh [target...]        (default: all four)
+# fuzz_gguf's seeds are written at run time by tests/fuzz/gguf_seeds.py
+# (the shared GGUF files' headers and truncations, and a small file of our
+# own), never copied into the repository.
+#
+#   scripts/fuzz.sh [target...]        (default: all five)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DOLPHIN_SHARED="${DOLPHIN_SHARED:-$(cd .. && pwd)/shared}"
 SECONDS_EACH="${DOLPHIN_FUZZ_SECONDS:-60}"
 KEEP="${DOLPHIN_FUZZ_KEEP:-/tmp/dolphin-fuzz-failures}"
 TARGETS=("$@")
-[ "${#TARGETS[@]}" -gt 0 ] || TARGETS=(fuzz_request fuzz_safetensors fuzz_config fuzz_detok)
+[ "${#TARGETS[@]}" -gt 0 ] || TARGETS=(fuzz_request fuzz_safetensors fuzz_config fuzz_detok fuzz_gguf)
 
 echo "== fuzz: build (clang, build-fuzz)"
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
@@ -32,6 +36,7 @@ for t in "${TARGETS[@]}"; do
   corpus="$work/$t/corpus"
   mkdir -p "$corpus" "$work/$t/artifacts"
   cp tests/fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null || true
+  if [ "$t" = fuzz_gguf ]; then python3 tests/fuzz/gguf_seeds.py "$corpus" 16384; fi
   seeds=$(find "$corpus" -type f | wc -l)
   log="$work/$t/log"
   echo "== fuzz: $t for ${SECONDS_EACH}s ($seeds seeds)"

@@ -15,6 +15,7 @@ export DEBIAN_FRONTEND=noninteractive
 PKGS=(
   build-essential cmake pkg-config
   libmicrohttpd-dev libcjson-dev libyaml-dev libsentencepiece-dev
+  libprotobuf-dev protobuf-compiler
   libcmocka-dev
   libssl-dev libxxhash-dev
   python3 python3-venv python3-pytest python3-requests python3-yaml

@@ -45,7 +45,8 @@ if [ "$quick" = 1 ]; then
   DOLPHIN_BIN="$PWD/build-quick/dolphind" .venv/bin/python -m pytest -q -p no:cacheprovider \
     tests/http/test_api_completions.py tests/http/test_api_chat.py \
     tests/http/test_api_streaming.py tests/http/test_errors.py tests/http/test_limits.py \
-    tests/http/test_scheduler.py tests/http/test_openai_client.py tests/http/test_golden.py
+    tests/http/test_scheduler.py tests/http/test_openai_client.py tests/http/test_golden.py \
+    tests/http/test_gguf.py
   echo "== quick tests passed (the whole suite: scripts/test.sh)"
   exit 0
 fi

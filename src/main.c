@@ -55,7 +55,7 @@ int main(int argc, char **argv)
     if (rc == 1) return 0;
     if (rc != 0) return fail(2, err);
     if (cfg.n_models == 0)
-        return fail(2, "no model: pass --model DIR (a Hugging Face Llama directory) or set "
+        return fail(2, "no model: pass --model DIR (a Hugging Face Llama directory) or --model FILE.gguf, or set "
                     "model: or models: in the config");
     dol_log_set_level(cfg.log_level);
 

@@ -1,5 +1,7 @@
-/* include/dolphin/model.h — a Hugging Face Llama checkpoint in memory:
- * config.json, safetensors (one file or shards with an index), memory-mapped.
+/* include/dolphin/model.h — a Llama checkpoint in memory, memory-mapped:
+ * a Hugging Face directory (config.json, safetensors: one file or shards
+ * with an index), or one GGUF file (include/dolphin/gguf.h; the llama.*
+ * keys, its tensors and its tokenizer; src/model/gguf_llama.c).
  *
  * Reference: Hugging Face's LlamaForCausalLM layout. Tensor names are its own
  * (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...).
@@ -61,6 +63,9 @@ typedef struct {
     int max_position_embeddings;  /* context length in tokens */
     float rms_norm_eps;
     float rope_theta;         /* absent = 10000 */
+    float rope_scale;         /* linear RoPE scaling: positions are divided by it
+                               * (1 = none; 0, in a config made by hand, counts
+                               * as 1); only GGUF's llama.rope.scaling sets it */
     bool tie_word_embeddings; /* lm_head shares model.embed_tokens.weight */
     int bos_token_id;         /* absent = 1 */
     int eos_token_id;         /* absent = 2 */
@@ -75,11 +80,24 @@ typedef struct {
     dol_tensor ffn_norm, gate, up, down;
 } dol_layer_weights;
 
+/* Where a model was loaded from. */
+typedef enum {
+    DOL_MODEL_SAFETENSORS = 0,   /* a Hugging Face directory */
+    DOL_MODEL_GGUF = 1,          /* one .gguf file */
+} dol_model_format;
+
+/* "safetensors", "gguf". */
+const char *dol_model_format_name(dol_model_format f);
+
 typedef struct dol_model dol_model;
 struct dol_model {
     dol_model_config cfg;
-    char dir[1024];           /* model directory as given */
-    char name[256];           /* basename of dir: the model id served by the API */
+    char dir[1024];           /* model directory (or GGUF file) as given */
+    char name[256];           /* basename of dir (of a GGUF file: without .gguf) */
+    dol_model_format format;
+    char type_mix[192];       /* the checkpoint's tensor types, most frequent first:
+                               * "F16 30, F32 9" (GGUF: every tensor of the file;
+                               * safetensors: the tensors bound) */
     dol_tensor embed;         /* [vocab, d] */
     dol_tensor final_norm;    /* [1, d] */
     dol_tensor lm_head;       /* [vocab, d]; == embed when tied */
@@ -96,7 +114,10 @@ struct dol_model {
 int dol_model_config_load(const char *dir, dol_model_config *cfg,
                           char *err, size_t errlen);
 
-/* Load a model directory: config.json, then model.safetensors or the shards
+/* Load a model: `dir` names a Hugging Face directory, or a regular file,
+ * which must then be a GGUF file (see dol_model_load_gguf below).
+ *
+ * A directory: config.json, then model.safetensors or the shards
  * named by model.safetensors.index.json, memory-mapped read-only (never read
  * into memory twice). Every tensor is checked: present, shape as the config
  * says, dtype F32/F16/BF16, byte range inside the file and not overlapping
@@ -108,6 +129,48 @@ int dol_model_config_load(const char *dir, dol_model_config *cfg,
  * config says [64]"). The caller owns *out and releases it with
  * dol_model_free. */
 int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen);
+
+/* Whether `path` names a regular file (a GGUF file for dol_model_load)
+ * rather than a directory. */
+bool dol_model_path_is_file(const char *path);
+
+/* A GGUF file as a model (what dol_model_load does for a file): the reader
+ * of include/dolphin/gguf.h validates the file, then
+ *   - general.architecture must be "llama";
+ *   - hyperparameters from llama.context_length, .embedding_length,
+ *     .block_count, .feed_forward_length, .attention.head_count,
+ *     .attention.head_count_kv (absent = head_count),
+ *     .attention.layer_norm_rms_epsilon, .rope.freq_base (absent = 10000),
+ *     .rope.dimension_count (absent or the head dimension); rope scaling
+ *     from .rope.scaling.type / .rope.scaling.factor (or the older
+ *     .rope.scale_linear): none or linear, any other kind refused;
+ *     .expert_count above 0 (mixture of experts) refused; vocab_size is
+ *     the number of tokenizer.ggml.tokens (llama.vocab_size, when present,
+ *     must agree);
+ *   - the tokenizer keys are checked here (tokenizer.ggml.model "llama",
+ *     tokens, scores, token_type of one length, the special ids inside it,
+ *     add_bos_token true, add_eos_token false, no precompiled_charsmap) so that a file that cannot be served is refused
+ *     before anything else; dol_model_tokenizer builds it;
+ *   - tensors by llama.cpp's names (token_embd, blk.N.attn_q, ...,
+ *     output_norm, output: absent = tied to token_embd), each shape as the
+ *     hyperparameters say (GGUF order: ne[0], the row length, first), of
+ *     type F32, F16 or BF16 (any other type is refused by name: the
+ *     quantized ones "not supported yet"); no tensor the model does not
+ *     use. attn_q / attn_k come un-permuted into Hugging Face's row order
+ *     (llama.cpp's converter interleaves the two halves of each head for
+ *     its RoPE): those two are copies owned by the model, the source pages
+ *     dropped; every other tensor is used in place in the mapping (copied
+ *     only when its data is not aligned to its element size).
+ * 0, or -1 with one line in err starting with the path; *out untouched. */
+int dol_model_load_gguf(const char *path, dol_model **out, char *err, size_t errlen);
+
+/* The tokenizer a GGUF model carries (tokenizer.ggml.*), built by
+ * sentencepiece from a model proto made of the file's arrays
+ * (dol_tokenizer_from_spec). Any thread, while m lives; the tokenizer is
+ * independent of m once built (caller frees it with dol_tokenizer_free).
+ * -1 with one line in err naming the file, also for a safetensors model. */
+typedef struct dol_tokenizer dol_tokenizer;
+int dol_model_tokenizer(const dol_model *m, dol_tokenizer **out, char *err, size_t errlen);
 
 void dol_model_free(dol_model *m);
 
@@ -125,13 +188,23 @@ void dol_model_free(dol_model *m);
 void dol_model_prefetch(const dol_model *m, const dol_tensor *t);
 size_t dol_model_release(const dol_model *m, const dol_tensor *t);
 
+/* Once every engine that will be made from m exists (the backends convert
+ * the seven linear layers of each block to their own format at creation and
+ * never read them again): free the copies m holds of those layers (a GGUF
+ * model's un-permuted attn_q / attn_k, tensors copied for alignment) and
+ * set their `data` to NULL. Returns the bytes freed. Everything else (the
+ * embedding, read in place; norms; lm_head) is left as it is. The caller
+ * must hold m alone (no other thread reads it meanwhile). */
+size_t dol_model_drop_copies(dol_model *m);
+
 /* A SHA-256 (FIPS 180-4, OpenSSL's libcrypto) that changes whenever the
  * checkpoint m was loaded from is changed on disk, for keying caches of
  * what is derived from its weights (docs/configuration.md, "The
  * prepared-weights cache"). It covers the bytes of config.json (and of
  * model.safetensors.index.json when present) and, for every safetensors
  * file in load order, its name, size, modification time in nanoseconds and
- * JSON header; not the weight bytes themselves (reading them is what a
+ * JSON header (a GGUF file: its name, size, modification time and every
+ * byte before its data section); not the weight bytes themselves (reading them is what a
  * cache avoids), so a file rewritten in place with the same size, header
  * and mtime goes unnoticed. Reads only those small parts (any thread).
  * 0, or -1 with one line in err naming the file that could not be read. */

@@ -115,6 +115,9 @@ typedef struct {
     int waiting;                     /* requests waiting for its load */
     const char *backend;             /* "cpu" | "cuda" once loaded, else NULL */
     const char *weights;             /* the weight format as held ("f32", "nf4", ...) */
+    const char *file_format;         /* the checkpoint's: "safetensors" | "gguf"; NULL
+                                      * until first loaded */
+    char file_types[192];            /* its tensor types, "F16 30, F32 9" ("" until loaded) */
     int context_len;                 /* 0 until first loaded */
     size_t bytes;                    /* weights + KV cache as last loaded (0: never) */
     double idle_s;                   /* since the last request let it go */

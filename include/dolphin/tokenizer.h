@@ -22,6 +22,33 @@ int dol_tokenizer_load(const char *path, dol_tokenizer **out,
                        char *err, size_t errlen);
 void dol_tokenizer_free(dol_tokenizer *tok);
 
+/* A SentencePiece vocabulary given as arrays, as a GGUF file carries it
+ * (tokenizer.ggml.tokens / scores / token_type and the special ids), for
+ * dol_tokenizer_from_spec. The arrays are only read during that call. */
+typedef struct {
+    int32_t n_pieces;
+    const char *const *piece;      /* n_pieces pieces, UTF-8, piece_len[i] bytes each */
+    const size_t *piece_len;       /* (no NUL needed) */
+    const float *score;            /* merge priority: the higher, the earlier */
+    const int32_t *type;           /* sentencepiece's piece types: 1 normal, 2 unknown,
+                                    * 3 control, 4 user defined, 5 unused, 6 byte */
+    int32_t unk_id, bos_id, eos_id, pad_id;   /* -1: none */
+    bool add_dummy_prefix;         /* a "▁" before the text (Llama: true) */
+    bool remove_extra_whitespaces; /* (Llama: false) */
+    const char *source;            /* the origin, first in every message (the file) */
+} dol_tokenizer_spec;
+
+/* Build a tokenizer from `spec` with the sentencepiece library: a ModelProto
+ * is serialized from the arrays (a BPE model, byte fallback when any piece
+ * has the byte type, an identity normalizer with the two settings above;
+ * libprotobuf-lite, src/tokenizer/spm_model.proto) and loaded with
+ * LoadFromSerializedProto, which checks it as it checks a tokenizer.model
+ * file (one unknown piece, byte pieces named <0xXX>, no duplicates ...).
+ * 0 and *out (caller frees with dol_tokenizer_free), or -1 with one line in
+ * err starting with spec->source. Any thread. */
+int dol_tokenizer_from_spec(const dol_tokenizer_spec *spec, dol_tokenizer **out,
+                            char *err, size_t errlen);
+
 int dol_tokenizer_vocab_size(const dol_tokenizer *tok);
 int32_t dol_tokenizer_bos_id(const dol_tokenizer *tok);
 int32_t dol_tokenizer_eos_id(const dol_tokenizer *tok);

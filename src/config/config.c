@@ -103,7 +103,7 @@ static const field FIELDS[] = {
       .help = "most automaton states a response_format JSON schema may compile to" },
     /* model */
     { .name = "model", .type = F_STR, AT(model), .def = "", .metavar = "DIR",
-      .help = "Hugging Face model directory (required; relative to the working directory)",
+      .help = "Hugging Face model directory, or a GGUF file (required; relative to the working directory)",
       .group = "Model" },
     { .name = "served_model_name", .type = F_STR, AT(served_model_name), .def = "",
       .metavar = "NAME", .help = "model id in the API; empty = the model directory's name" },
@@ -685,13 +685,17 @@ static int load_api_keys(dol_config *c, yaml_document_t *doc, yaml_node_t *val,
     return 0;
 }
 
-/* The last part of a directory path ("a/b/" -> "b"), into out. */
+/* The last part of a directory path ("a/b/" -> "b"), or of a GGUF file's
+ * without the extension ("a/m.gguf" -> "m"), into out. */
 static void path_basename(const char *path, char *out, size_t n)
 {
     size_t len = strlen(path);
     while (len > 1 && path[len - 1] == '/') len--;
     size_t start = len;
     while (start > 0 && path[start - 1] != '/') start--;
+    /* a GGUF file is named without its extension ("k256-F16.gguf" -> "k256-F16") */
+    if (len - start > 5 && path[len - 1] != '/' && strncmp(path + len - 5, ".gguf", 5) == 0)
+        len -= 5;
     snprintf(out, n, "%.*s", (int)(len - start), path + start);
 }
 

@@ -642,7 +642,9 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
     (void)madvise(e->kv_pool, kv_bytes & ~(HUGE_PAGE - 1), MADV_HUGEPAGE);
 #endif
 
-    /* RoPE tables, angles in double: theta^(-2i/head_dim) * pos */
+    /* RoPE tables, angles in double: theta^(-2i/head_dim) * pos / scale
+     * (linear RoPE scaling: scale 1 leaves the angles as they were, bit for bit) */
+    const double rope_scale = c->rope_scale > 0 ? (double)c->rope_scale : 1.0;
     int half = c->head_dim / 2;
     e->rope_cos = malloc(sizeof(float) * (size_t)ctx * half);
     e->rope_sin = malloc(sizeof(float) * (size_t)ctx * half);
@@ -650,7 +652,7 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
     for (int pos = 0; pos < ctx; pos++)
         for (int i = 0; i < half; i++) {
             double inv = pow((double)c->rope_theta, -2.0 * i / c->head_dim);
-            double a = pos * inv;
+            double a = pos / rope_scale * inv;
             e->rope_cos[(size_t)pos * half + i] = (float)cos(a);
             e->rope_sin[(size_t)pos * half + i] = (float)sin(a);
         }

@@ -564,7 +564,9 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
     if (dalloc(e, &e->kv_pool, kv_bytes, "the KV cache", err, errlen)) return -1;
     CUDA_CHECK(cudaMemsetAsync(e->kv_pool, 0, kv_bytes, e->stream));
 
-    /* RoPE tables, angles in double: theta^(-2i/head_dim) * pos (as cpu_engine.c) */
+    /* RoPE tables, angles in double: theta^(-2i/head_dim) * pos / scale (as cpu_engine.c)
+     * (linear RoPE scaling: scale 1 leaves the angles as they were, bit for bit) */
+    const double rope_scale = c->rope_scale > 0 ? (double)c->rope_scale : 1.0;
     const int half = e->hd / 2;
     float *cs = malloc(sizeof(float) * (size_t)e->ctx * half);
     float *sn = malloc(sizeof(float) * (size_t)e->ctx * half);
@@ -577,7 +579,7 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
     for (int pos = 0; pos < e->ctx; pos++)
         for (int i = 0; i < half; i++) {
             double inv = pow((double)c->rope_theta, -2.0 * i / e->hd);
-            double a = pos * inv;
+            double a = pos / rope_scale * inv;
             cs[(size_t)pos * half + i] = (float)cos(a);
             sn[(size_t)pos * half + i] = (float)sin(a);
         }

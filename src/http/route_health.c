@@ -100,6 +100,10 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
         cJSON_AddStringToObject(o, "id", in.name);
         cJSON_AddStringToObject(o, "state", dol_model_state_name(in.state));
         cJSON_AddBoolToObject(o, "startup", in.startup);
+        if (in.file_format) {   /* once loaded: what it was loaded from */
+            cJSON_AddStringToObject(o, "file_format", in.file_format);
+            cJSON_AddStringToObject(o, "file_types", in.file_types);
+        }
         if (in.has_stats) {   /* loaded: its own pool and devices (the totals below add them up) */
             const dol_scheduler_stats *ms = &in.stats;
             cJSON *kv = cJSON_AddObjectToObject(o, "kv_cache");

@@ -28,6 +28,13 @@ static cJSON *model_object(const dol_server *s, const dol_model_info *in)
     cJSON_AddItemToObject(m, "dolphin", x);
     cJSON_AddStringToObject(x, "state", dol_model_state_name(in->state));
     cJSON_AddStringToObject(x, "format", in->weights);
+    if (in->file_format) {
+        cJSON_AddStringToObject(x, "file_format", in->file_format);
+        cJSON_AddStringToObject(x, "file_types", in->file_types);
+    } else {
+        cJSON_AddNullToObject(x, "file_format");
+        cJSON_AddNullToObject(x, "file_types");
+    }
     cJSON *pl = cJSON_AddObjectToObject(x, "placement");
     if (pl) {
         cJSON_AddStringToObject(pl, "backend", in->backend ? in->backend

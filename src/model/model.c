@@ -3,9 +3,11 @@
  * weights from model.safetensors or the shards named by
  * model.safetensors.index.json, bound by their Hugging Face names and checked
  * against the config. Weights stay in the read-only mappings; only tensors
- * whose data is misaligned are copied. */
+ * whose data is misaligned are copied. A regular file instead of a directory
+ * goes to the GGUF loader (gguf_llama.c); the page hints, the source digest
+ * and dol_model_free serve both. */
 #include "dolphin/model.h"
-#include "safetensors.h"
+#include "model_internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -26,13 +28,51 @@
 #define MAX_JSON_FILE (64u << 20)  /* config.json / index: far above any real one */
 #define MAX_LAYERS 65536
 
-/* Loader-private part of a dol_model (m->priv). */
+const char *dol_model_format_name(dol_model_format f)
+{
+    return f == DOL_MODEL_GGUF ? "gguf" : "safetensors";
+}
+
+void *dol_model_own(model_priv *p, size_t n)
+{
+    if (p->n_owned == p->cap_owned) {
+        int cap = p->cap_owned ? 2 * p->cap_owned : 16;
+        void **o = realloc(p->owned, (size_t)cap * sizeof *o);
+        if (!o) return NULL;
+        p->owned = o;
+        p->cap_owned = cap;
+    }
+    void *buf = NULL;
+    if (posix_memalign(&buf, 64, n ? n : 1) != 0) return NULL;
+    p->owned[p->n_owned++] = buf;
+    return buf;
+}
+
 typedef struct {
-    dol_st_file *files;   /* one per safetensors file, each opened once */
-    int n_files;
-    void **owned;         /* realigned copies of tensors */
-    int n_owned, cap_owned;
-} model_priv;
+    const char *name;
+    int count;
+} type_count;
+
+static int type_count_cmp(const void *a, const void *b)
+{
+    const type_count *x = a, *y = b;
+    if (x->count != y->count) return x->count > y->count ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+void dol_model_type_mix(const char *const *names, const int *counts, int n, char *buf, size_t len)
+{
+    type_count tc[64];
+    int k = 0;
+    for (int i = 0; i < n && k < 64; i++)
+        if (counts[i] > 0) tc[k++] = (type_count){names[i], counts[i]};
+    qsort(tc, (size_t)k, sizeof tc[0], type_count_cmp);
+    size_t used = 0;
+    if (len) buf[0] = '\0';
+    for (int i = 0; i < k && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%s %d", i ? ", " : "", tc[i].name,
+                                 tc[i].count);
+}
 
 /* ----------------------------------------------------------------------------
  * small helpers */
@@ -305,6 +345,7 @@ static int config_from_json(const cJSON *root, dol_model_config *c, char *err, s
         return -1;
     }
     c->head_dim = c->hidden_size / c->n_heads;
+    c->rope_scale = 1.0f;
     if (c->head_dim % 2 != 0) {
         dol_set_err(err, errlen, CONFIG_NAME ": field hidden_size: head dimension %d "
                     "(hidden_size / num_attention_heads) must be even for RoPE", c->head_dim);
@@ -380,6 +421,7 @@ typedef struct {
     model_priv *p;
     cJSON *weight_map;        /* index mode: the index's "weight_map", else NULL */
     cJSON *index;             /* index mode: the whole parsed index */
+    int n_of_dtype[3];        /* tensors bound per dol_dtype (the type mix) */
 } loader;
 
 /* A shard name from the index must be a plain file name in the directory. */
@@ -492,27 +534,16 @@ static int bind(loader *L, const char *name, int64_t rows, int64_t cols, dol_ten
     const void *data = src;
     if ((uintptr_t)src % esize != 0) {
         /* misaligned inside the mapping: keep an aligned copy */
-        model_priv *p = L->p;
-        if (p->n_owned == p->cap_owned) {
-            int cap = p->cap_owned ? 2 * p->cap_owned : 16;
-            void **o = realloc(p->owned, (size_t)cap * sizeof *o);
-            if (!o) {
-                dol_set_err(err, errlen, "%s: tensor %s: out of memory", f->fname, name);
-                return -1;
-            }
-            p->owned = o;
-            p->cap_owned = cap;
-        }
-        void *copy = NULL;
-        if (posix_memalign(&copy, 64, nbytes) != 0) {
+        void *copy = dol_model_own(L->p, nbytes);
+        if (!copy) {
             dol_set_err(err, errlen, "%s: tensor %s: out of memory for an aligned copy",
                         f->fname, name);
             return -1;
         }
         memcpy(copy, src, nbytes);
-        p->owned[p->n_owned++] = copy;
         data = copy;
     }
+    L->n_of_dtype[t->type]++;
     dst->dtype = t->type;
     dst->rows = rows ? rows : 1;
     dst->cols = cols;
@@ -663,8 +694,36 @@ static void set_name(dol_model *m)
     copy_str(m->name, sizeof m->name, base);
 }
 
+bool dol_model_path_is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int dol_model_load_gguf(const char *path, dol_model **out, char *err, size_t errlen)
+{
+    dol_model *m = calloc(1, sizeof *m);
+    model_priv *p = calloc(1, sizeof *p);
+    if (!m || !p) {
+        free(m);
+        free(p);
+        dol_set_err(err, errlen, "%s: out of memory", path);
+        return -1;
+    }
+    m->priv = p;
+    m->format = DOL_MODEL_GGUF;
+    if (dol_model_gguf_fill(m, path, err, errlen) != 0) {
+        one_line(err, errlen);
+        dol_model_free(m);
+        return -1;
+    }
+    *out = m;
+    return 0;
+}
+
 int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen)
 {
+    if (dol_model_path_is_file(dir)) return dol_model_load_gguf(dir, out, err, errlen);
     dol_model *m = calloc(1, sizeof *m);
     model_priv *p = calloc(1, sizeof *p);
     if (!m || !p) {
@@ -719,6 +778,10 @@ int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen)
     if (check_not_prequantized(&L, err, errlen) != 0) goto done;
     if (check_layer_count(&L, err, errlen) != 0) goto done;
     if (bind_all(&L, err, errlen) != 0) goto done;
+    {
+        const char *names[3] = {"F32", "F16", "BF16"};
+        dol_model_type_mix(names, L.n_of_dtype, 3, m->type_mix, sizeof m->type_mix);
+    }
     rc = 0;
 
 done:
@@ -742,10 +805,32 @@ void dol_model_free(dol_model *m)
         free(p->files);
         for (int i = 0; i < p->n_owned; i++) free(p->owned[i]);
         free(p->owned);
+        dol_gguf_close(p->gguf);
         free(p);
     }
     free(m->layers);
     free(m);
+}
+
+size_t dol_model_drop_copies(dol_model *m)
+{
+    model_priv *p = m ? m->priv : NULL;
+    if (!p || p->n_owned == 0) return 0;
+    size_t freed = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        dol_layer_weights *w = &m->layers[l];
+        dol_tensor *t[7] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down};
+        for (int i = 0; i < 7; i++)
+            for (int k = 0; k < p->n_owned; k++) {
+                if (p->owned[k] != t[i]->data) continue;
+                freed += (size_t)(t[i]->rows * t[i]->cols) * dol_dtype_size(t[i]->dtype);
+                free(p->owned[k]);
+                p->owned[k] = p->owned[--p->n_owned];
+                t[i]->data = NULL;
+                break;
+            }
+    }
+    return freed;
 }
 
 /* ----------------------------------------------------------------------------
@@ -759,8 +844,17 @@ static bool tensor_pages(const dol_model *m, const dol_tensor *t, uintptr_t *a, 
     if (!p || !t || !t->data) return false;
     uintptr_t lo = (uintptr_t)t->data;
     uintptr_t hi = lo + (uintptr_t)(t->rows * t->cols) * dol_dtype_size(t->dtype);
-    for (int i = 0; i < p->n_files; i++) {
-        uintptr_t m0 = (uintptr_t)p->files[i].map, m1 = m0 + p->files[i].map_len;
+    int n_maps = p->gguf ? 1 : p->n_files;
+    for (int i = 0; i < n_maps; i++) {
+        uintptr_t m0, m1;
+        if (p->gguf) {
+            if (!dol_gguf_mapped(p->gguf)) return false;
+            m0 = (uintptr_t)dol_gguf_base(p->gguf);
+            m1 = m0 + (uintptr_t)dol_gguf_file_size(p->gguf);
+        } else {
+            m0 = (uintptr_t)p->files[i].map;
+            m1 = m0 + p->files[i].map_len;
+        }
         if (lo < m0 || hi > m1) continue;
         uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
         *a = lo & ~(page - 1);
@@ -826,6 +920,25 @@ int dol_model_source_digest(const dol_model *m, uint8_t out[32], char *err, size
         dol_set_err(err, errlen, "%s: cannot start a SHA-256 digest", m->dir);
         goto done;
     }
+    if (p->gguf) {
+        /* the file's name, size, mtime and everything before its data */
+        const char *path = dol_gguf_path(p->gguf);
+        const char *slash = strrchr(path, '/');
+        const char *base = slash ? slash + 1 : path;
+        struct stat st;
+        if (stat(path, &st) != 0) {
+            dol_set_err(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+            goto done;
+        }
+        EVP_DigestUpdate(ctx, "gguf", 4);
+        digest_u64(ctx, strlen(base));
+        EVP_DigestUpdate(ctx, base, strlen(base));
+        digest_u64(ctx, (uint64_t)st.st_size);
+        digest_u64(ctx, (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec);
+        digest_u64(ctx, dol_gguf_data_offset(p->gguf));
+        EVP_DigestUpdate(ctx, dol_gguf_base(p->gguf), (size_t)dol_gguf_data_offset(p->gguf));
+        goto final;
+    }
     if (digest_file(ctx, m->dir, CONFIG_NAME, false, err, errlen) != 0) goto named;
     if (digest_file(ctx, m->dir, INDEX_NAME, true, err, errlen) != 0) goto named;
     digest_u64(ctx, (uint64_t)p->n_files);
@@ -845,6 +958,7 @@ int dol_model_source_digest(const dol_model *m, uint8_t out[32], char *err, size
         digest_u64(ctx, (uint64_t)(f->data - h));
         EVP_DigestUpdate(ctx, h, (size_t)(f->data - h));
     }
+final:;
     unsigned len = 0;
     if (EVP_DigestFinal_ex(ctx, out, &len) != 1 || len != 32) {
         dol_set_err(err, errlen, "%s: SHA-256 digest failed", m->dir);

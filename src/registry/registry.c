@@ -49,6 +49,8 @@ typedef struct {
     size_t bytes;                /* measured at the last load; 0 = never loaded */
     const char *backend;
     char format[16];             /* the linear weights as held: f32, f16, bf16, nf4 */
+    const char *file_format;     /* the checkpoint's: "safetensors", "gguf" (once loaded) */
+    char file_types[192];        /* the checkpoint's tensor types (dol_model.type_mix) */
     int leases;
     double last_used_ms;
     /* the load in progress (or the last one) */
@@ -165,10 +167,12 @@ static size_t objects_bytes(const objects *o)
 }
 
 /* Before the first load: the checkpoint's size on disk (its .safetensors
- * files); after it, what the model held last time. */
+ * files, or the GGUF file); after it, what the model held last time. */
 static size_t estimate_bytes(const entry *e)
 {
     if (e->bytes) return e->bytes;
+    struct stat fst;
+    if (stat(e->cfg->path, &fst) == 0 && S_ISREG(fst.st_mode)) return (size_t)fst.st_size;
     size_t sum = 0;
     DIR *d = opendir(e->cfg->path);
     if (!d) return 0;
@@ -333,15 +337,28 @@ static int open_checkpoint(dol_models *m, const dol_model_entry *me, objects *o,
 {
     const dol_config *cfg = m->cfg;
     memset(o, 0, sizeof *o);
-    if (dol_model_load(me->path, &o->model, err, errlen) != 0) goto fail;
+    /* a GGUF file that cannot be served is the setting at fault (exit 2):
+     * every refusal names the file and the key or tensor */
+    bool gguf = dol_model_path_is_file(me->path);
+    if (dol_model_load(me->path, &o->model, err, errlen) != 0) {
+        *config_error = gguf;
+        goto fail;
+    }
     snprintf(o->model->name, sizeof o->model->name, "%s", me->name);
     if (check_context(cfg, me, &o->model->cfg, err, errlen) != 0) {
         *config_error = true;
         goto fail;
     }
-    char tok_path[1200];
-    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.model", me->path);
-    if (dol_tokenizer_load(tok_path, &o->tok, err, errlen) != 0) goto fail;
+    if (o->model->format == DOL_MODEL_GGUF) {
+        if (dol_model_tokenizer(o->model, &o->tok, err, errlen) != 0) {
+            *config_error = true;
+            goto fail;
+        }
+    } else {
+        char tok_path[1200];
+        snprintf(tok_path, sizeof tok_path, "%s/tokenizer.model", me->path);
+        if (dol_tokenizer_load(tok_path, &o->tok, err, errlen) != 0) goto fail;
+    }
     if (check_vocab(me->path, o->model, o->tok, err, errlen) != 0) goto fail;
     return 0;
 fail:
@@ -386,6 +403,11 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
         if (erc == -2) *config_error = true;   /* a placement setting at fault: exit 2 */
         goto fail;
     }
+    /* the engine holds the linear layers in its own format now: the model's
+     * copies of them (a GGUF file's un-permuted attn_q / attn_k) can go */
+    size_t dropped = dol_model_drop_copies(o->model);
+    if (dropped > 0)
+        dol_log(DOL_LOG_INFO, "model_copies_freed", "model=%s bytes=%zu", me->name, dropped);
 
     dol_scheduler_params sp = {0};
     sp.max_batch_size = cfg->max_batch_size;
@@ -396,11 +418,12 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
     sp.prefill_chunk = cfg->prefill_chunk;
     if (dol_scheduler_create(o->engine, o->tok, &sp, &o->sched, err, errlen) != 0) goto fail;
     dol_log(DOL_LOG_INFO, "model_loaded",
-            "backend=%s cpu_kernels=%s model=%s path=%s layers=%d hidden=%d heads=%d kv_heads=%d "
+            "backend=%s cpu_kernels=%s model=%s path=%s file_format=%s file_types=\"%s\" "
+            "layers=%d hidden=%d heads=%d kv_heads=%d "
             "vocab=%d ctx=%d weight_bytes=%zu kv_blocks=%d kv_block_size=%d kv_cache_dtype=%s "
             "kv_tokens=%lld kv_contexts=%.2f kv_bytes=%zu threads=%d load_ms=%.0f",
             dol_engine_backend_name(o->engine), dol_engine_cpu_kernels(), me->name, me->path,
-            o->model->cfg.n_layers, o->model->cfg.hidden_size, o->model->cfg.n_heads,
+            dol_model_format_name(o->model->format), o->model->type_mix, o->model->cfg.n_layers, o->model->cfg.hidden_size, o->model->cfg.n_heads,
             o->model->cfg.n_kv_heads, o->model->cfg.vocab_size, dol_engine_context_len(o->engine),
             dol_engine_weight_bytes(o->engine), dol_engine_kv_blocks_total(o->engine),
             dol_engine_kv_block_size(o->engine), dol_engine_kv_dtype_name(o->engine),
@@ -611,6 +634,8 @@ static void *load_main(void *arg)
             e->format[k] = '\0';
         }
         e->context_len = dol_engine_context_len(o.engine);
+        e->file_format = dol_model_format_name(o.model->format);
+        snprintf(e->file_types, sizeof e->file_types, "%s", o.model->type_mix);
         e->last_used_ms = now;
         e->failures = 0;
         e->error[0] = '\0';
@@ -934,6 +959,8 @@ void dol_models_info(dol_models *m, int idx, dol_model_info *out)
     out->backend = e->backend;
     out->weights = e->format[0] ? e->format : dol_config_choice_name("weights", e->cfg->weights);
     out->context_len = e->context_len;
+    out->file_format = e->file_format;
+    snprintf(out->file_types, sizeof out->file_types, "%s", e->file_types);
     out->bytes = e->bytes;
     out->idle_s = e->state == DOL_MODEL_LOADED && e->leases == 0
                       ? (now - e->last_used_ms) / 1000.0 : 0;

@@ -48,6 +48,14 @@ def model_dir(name):
     return d
 
 
+def gguf_file(name):
+    """The shared GGUF fixture models/gguf/<name> (skips when absent)."""
+    p = SHARED / "models" / "gguf" / name
+    if not p.is_file():
+        pytest.skip(f"test model {p} not found (set DOLPHIN_SHARED to the shared fixtures)")
+    return p
+
+
 def golden(name):
     p = SHARED / "golden" / f"{name}.json"
     if not p.is_file():
@@ -56,8 +64,8 @@ def golden(name):
 
 
 class Dolphind:
-    """One running dolphind on `model` (a test model's name, or a model
-    directory; None when `args` name a --config file with a models list)
+    """One running dolphind on `model` (a test model's name, a model
+    directory or a .gguf file; None when `args` name a --config file with a models list)
     with the extra flags `args`, from `binary` (default BIN). With
     `api_key` set, its requests send that key unless told otherwise. `port`
     (default: a free one) lets a restarted replica keep its address."""
@@ -68,6 +76,10 @@ class Dolphind:
             pytest.skip(f"{binary} not built (set DOLPHIN_BIN)")
         if model is None:
             self.model_dir, self.model, model_args = None, "models", []
+        elif Path(model).suffix == ".gguf" and Path(model).is_file():
+            # one GGUF file: the model id is its name without .gguf
+            self.model_dir, self.model = Path(model), Path(model).stem
+            model_args = ["--model", str(self.model_dir)]
         else:
             self.model_dir = Path(model) if Path(model).is_dir() else model_dir(model)
             self.model = self.model_dir.name

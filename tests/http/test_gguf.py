@@ -1,0 +1,194 @@
+"""GGUF files served end to end (dolphind --model FILE.gguf, and a models:
+entry whose path is a .gguf file): for the F32/F16 files of the shared
+fixtures, the prompt ids equal llama.cpp's, the greedy ids equal the float64
+reference's up to the first step whose margin is below 1e-3, and every
+answer (text, ids, logprobs) is the one the safetensors checkpoint the file
+was made from gives, bit for bit (the unit test test_gguf holds the top-8
+logits to the reference within 1e-3; equal logprobs carry that here).
+/v1/models, /healthz and the model_loaded line name the format and the
+type mix; a file this build cannot serve ends the start with exit 2 and one
+line naming the file and the tensor or key."""
+import os
+import re
+import subprocess
+
+import pytest
+import requests
+
+from dolphin_server import BIN, Dolphind, golden, gguf_file, model_dir
+
+# the reference's ids are held up to the first step whose margin is below
+# this (scripts/ci-cuda-emu.sh sets 5e-2 for the FP16 CUDA backend)
+SMALL_MARGIN = float(os.environ.get("DOLPHIN_GGUF_MARGIN", "1e-3"))
+EXACT = SMALL_MARGIN <= 1e-3
+
+# (gguf file, the checkpoint it was made from, golden name, golden entry, type mix)
+FILES = [
+    ("stories260K-F32.gguf", "stories260K", "gguf-stories260K", "F32", "F32 47"),
+    ("k256-F16.gguf", "k256", "gguf-k256", "F16", "F16 30, F32 9"),
+    ("tiny-llama2-F16.gguf", "tiny-llama2", "gguf-tiny-llama2", "F16", "F16 23, F32 7"),
+]
+
+
+@pytest.fixture(scope="module", params=FILES, ids=[f[0] for f in FILES])
+def pair(request):
+    """A server on the GGUF file and one on its safetensors checkpoint (F32
+    KV cache both, so that the comparison with the reference is fair)."""
+    file, ckpt, gold, key, mix = request.param
+    path = gguf_file(file)
+    g = Dolphind(str(path), ["--kv-cache-dtype", "f32"], threads=1)
+    h = Dolphind(str(model_dir(ckpt)), ["--kv-cache-dtype", "f32"], threads=1)
+    yield g, h, golden(gold)["files"][key], mix
+    g.stop()
+    h.stop()
+
+
+def _decided(case):
+    for k, m in enumerate(case["greedy_margins"]):
+        if m < SMALL_MARGIN:
+            return k
+    return len(case["greedy_ids"])
+
+
+def _body(model, prompt, n):
+    return {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0,
+            "logprobs": 5, "return_token_ids": True}
+
+
+def test_greedy_against_reference_and_checkpoint(pair):
+    g, h, entry, _ = pair
+    for ref, lcpp in zip(entry["reference"]["cases"], entry["llama_cpp"]["cases"]):
+        n = ref["max_tokens"]
+        rg = g.complete(_body(g.model, ref["prompt"], n))
+        rh = h.complete(_body(h.model, ref["prompt"], n))
+        assert rg.status_code == 200, rg.text
+        assert rh.status_code == 200, rh.text
+        cg, ch = rg.json()["choices"][0], rh.json()["choices"][0]
+        # the tokenizer from the file: llama.cpp's prompt ids
+        assert cg["prompt_token_ids"] == lcpp["prompt_ids"]
+        # the reference, up to the first undecided step
+        k = _decided(ref)
+        assert cg["token_ids"][:k] == ref["greedy_ids"][:k]
+        # the checkpoint it was made from: the same answer, bit for bit
+        assert cg["token_ids"] == ch["token_ids"]
+        assert cg["text"] == ch["text"]
+        assert cg["logprobs"] == ch["logprobs"]
+        assert rg.json()["usage"] == rh.json()["usage"]
+        # the first step's best two logits are the reference's (logprobs
+        # differ from logits by one constant per step)
+        top = ref["last_logits_top8"]
+        first = cg["logprobs"]["top_logprobs"][0]
+        vals = sorted(first.values(), reverse=True)
+        if EXACT and len(vals) >= 2 and len(first) == 5:
+            assert abs((vals[0] - vals[1]) - (top[0][1] - top[1][1])) < 2e-3
+
+
+def test_token_id_prompt(pair):
+    g, _, entry, _ = pair
+    ref = entry["reference"]["cases"][0]
+    k = _decided(ref)
+    if k == 0:
+        pytest.skip("first step is undecided")
+    r = g.complete({"model": g.model, "prompt": ref["prompt_ids"], "max_tokens": k,
+                    "temperature": 0, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"][:k] == ref["greedy_ids"][:k]
+
+
+def test_format_and_types_shown(pair):
+    g, h, _, mix = pair
+    r = requests.get(g.url + "/v1/models", timeout=30)
+    assert r.status_code == 200
+    (m,) = r.json()["data"]
+    assert m["id"] == g.model
+    assert m["dolphin"]["file_format"] == "gguf"
+    assert m["dolphin"]["file_types"] == mix
+    (mh,) = requests.get(h.url + "/v1/models", timeout=30).json()["data"]
+    assert mh["dolphin"]["file_format"] == "safetensors"
+    hz = g.health()
+    (entry,) = hz["models"]
+    assert entry["file_format"] == "gguf" and entry["file_types"] == mix
+    line = [ln for ln in g.log().splitlines() if "event=model_loaded" in ln]
+    assert line and "file_format=gguf" in line[0] and f'file_types="{mix}"' in line[0]
+    # the un-permuted attn_q / attn_k copies are freed once the engine holds them
+    assert "event=model_copies_freed" in g.log()
+    assert "event=model_copies_freed" not in h.log()
+
+
+def test_models_entry_with_a_gguf_path(tmp_path):
+    path = gguf_file("stories260K-F32.gguf")
+    cfg = tmp_path / "dolphin.yaml"
+    cfg.write_text(f"models:\n  - name: story\n    path: {path}\n")
+    srv = Dolphind(None, ["--config", str(cfg)], threads=1)
+    try:
+        r = srv.complete({"model": "story", "prompt": "Once upon a time", "max_tokens": 8,
+                          "temperature": 0})
+        assert r.status_code == 200, r.text
+        want = golden("gguf-stories260K")["files"]["F32"]["reference"]["cases"][1]
+        assert want["greedy_text"].startswith(r.json()["choices"][0]["text"])
+        (m,) = requests.get(srv.url + "/v1/models", timeout=30).json()["data"]
+        assert m["id"] == "story" and m["dolphin"]["file_format"] == "gguf"
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("file,want", [
+    ("k256-Q4_K_M.gguf", r"k256-Q4_K_M\.gguf: tensor token_embd\.weight: type Q4_K is not supported yet"),
+    ("k256-Q8_0.gguf", r"k256-Q8_0\.gguf: tensor token_embd\.weight: type Q8_0 is not supported yet"),
+])
+def test_unsupported_type_exit_2(file, want):
+    if not BIN.is_file():
+        pytest.skip(f"{BIN} not built")
+    path = gguf_file(file)
+    p = subprocess.run([str(BIN), "--model", str(path), "--port", "0", "--threads", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert re.search(want, last), last
+
+
+def test_broken_file_exit_2(tmp_path):
+    """A truncated copy (of the header and tensor table only) and a file
+    with another tokenizer: exit 2, one line naming the file and field."""
+    if not BIN.is_file():
+        pytest.skip(f"{BIN} not built")
+    src = gguf_file("stories260K-F32.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(src[:20000])
+    p = subprocess.run([str(BIN), "--model", str(cut), "--port", "0", "--threads", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert f"{cut}: tensor " in last and "runs past the end of the file" in last, last
+    # the same header with the tokenizer model renamed (same length: "gpt2!")
+    gpt = tmp_path / "gpt2.gguf"
+    i = src.index(b"tokenizer.ggml.model")
+    j = src.index(b"llama", i + 20)
+    gpt.write_bytes(src[:j] + b"gpt2!" + src[j + 5:])
+    p = subprocess.run([str(BIN), "--model", str(gpt), "--port", "0", "--threads", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert f'{gpt}: key tokenizer.ggml.model: tokenizer "gpt2!" is not supported' in last, last
+
+
+def test_weights_cache_miss_then_hit(tmp_path):
+    """The prepared-weights cache keys a GGUF model by its file: a second
+    start maps what the first one wrote and answers the same."""
+    path = gguf_file("k256-F16.gguf")
+    texts, results = [], []
+    for _ in range(2):
+        srv = Dolphind(str(path), ["--weights-cache-dir", str(tmp_path)], threads=1)
+        try:
+            r = srv.complete({"model": srv.model, "prompt": "Once upon a time", "max_tokens": 12,
+                              "temperature": 0, "return_token_ids": True})
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["choices"][0]["token_ids"])
+            results += re.findall(r"event=weights_cache result=(\w+) ", srv.log())
+            cuda = "event=model_loaded backend=cuda" in srv.log()
+        finally:
+            srv.stop()
+    if cuda:
+        pytest.skip("the CUDA backend does not use the prepared-weights cache")
+    assert results == ["miss", "hit"], results
+    assert texts[0] == texts[1]
