@@ -57,24 +57,40 @@ static void type_str(const dol_gguf_kv *kv, char *buf, size_t len)
         snprintf(buf, len, "a %s", dol_gguf_vtype_name(kv->type));
 }
 
+static bool is_float_type(dol_gguf_vtype t) { return t == DOL_GGUF_FLOAT32 || t == DOL_GGUF_FLOAT64; }
+static bool is_bool_type(dol_gguf_vtype t) { return t == DOL_GGUF_BOOL; }
+static bool is_string_type(dol_gguf_vtype t) { return t == DOL_GGUF_STRING; }
+
+/* The scalar key `key` whose type passes `ok` (`what` names the type for the
+ * message): 1 with *kv set; 0 when absent and not required; -1 (error set)
+ * when absent and required, or of another type. */
+static int find_key(gl *L, const char *key, bool required, bool (*ok)(dol_gguf_vtype),
+                    const char *what, const dol_gguf_kv **kv)
+{
+    *kv = dol_gguf_find_kv(L->g, key);
+    if (!*kv) {
+        if (!required) return 0;
+        dol_set_err(L->err, L->errlen, "%s: key %s: missing", L->path, key);
+        return -1;
+    }
+    if (!ok((*kv)->type)) {
+        char t[48];
+        type_str(*kv, t, sizeof t);
+        dol_set_err(L->err, L->errlen, "%s: key %s: must be %s (got %s)", L->path, key, what, t);
+        return -1;
+    }
+    return 1;
+}
+
 /* An integer key in [lo, hi]. Absent: `def`, or an error when required. */
 static int key_int(gl *L, const char *key, bool required, int64_t def, int64_t lo, int64_t hi,
                    int64_t *out)
 {
-    const dol_gguf_kv *kv = dol_gguf_find_kv(L->g, key);
-    if (!kv) {
-        if (required) {
-            dol_set_err(L->err, L->errlen, "%s: key %s: missing", L->path, key);
-            return -1;
-        }
+    const dol_gguf_kv *kv;
+    int found = find_key(L, key, required, is_int_type, "an integer", &kv);
+    if (found <= 0) {
         *out = def;
-        return 0;
-    }
-    if (!is_int_type(kv->type)) {
-        char t[48];
-        type_str(kv, t, sizeof t);
-        dol_set_err(L->err, L->errlen, "%s: key %s: must be an integer (got %s)", L->path, key, t);
-        return -1;
+        return found;
     }
     bool big = is_unsigned(kv->type) && kv->v.u > (uint64_t)INT64_MAX;
     int64_t v = is_unsigned(kv->type) ? (int64_t)kv->v.u : kv->v.i;
@@ -102,20 +118,11 @@ static int key_i32(gl *L, const char *key, bool required, int def, int lo, int h
 /* A finite positive float key (f32 or f64). */
 static int key_pos_float(gl *L, const char *key, bool required, double def, double *out)
 {
-    const dol_gguf_kv *kv = dol_gguf_find_kv(L->g, key);
-    if (!kv) {
-        if (required) {
-            dol_set_err(L->err, L->errlen, "%s: key %s: missing", L->path, key);
-            return -1;
-        }
+    const dol_gguf_kv *kv;
+    int found = find_key(L, key, required, is_float_type, "a float", &kv);
+    if (found <= 0) {
         *out = def;
-        return 0;
-    }
-    if (kv->type != DOL_GGUF_FLOAT32 && kv->type != DOL_GGUF_FLOAT64) {
-        char t[48];
-        type_str(kv, t, sizeof t);
-        dol_set_err(L->err, L->errlen, "%s: key %s: must be a float (got %s)", L->path, key, t);
-        return -1;
+        return found;
     }
     if (!isfinite(kv->v.f) || kv->v.f <= 0 || kv->v.f > 3.0e38 || (float)kv->v.f <= 0) {
         dol_set_err(L->err, L->errlen, "%s: key %s: %g is not a positive finite number", L->path,
@@ -128,16 +135,11 @@ static int key_pos_float(gl *L, const char *key, bool required, double def, doub
 
 static int key_bool(gl *L, const char *key, bool def, bool *out)
 {
-    const dol_gguf_kv *kv = dol_gguf_find_kv(L->g, key);
-    if (!kv) {
+    const dol_gguf_kv *kv;
+    int found = find_key(L, key, false, is_bool_type, "a bool", &kv);
+    if (found <= 0) {
         *out = def;
-        return 0;
-    }
-    if (kv->type != DOL_GGUF_BOOL) {
-        char t[48];
-        type_str(kv, t, sizeof t);
-        dol_set_err(L->err, L->errlen, "%s: key %s: must be a bool (got %s)", L->path, key, t);
-        return -1;
+        return found;
     }
     *out = kv->v.b;
     return 0;
@@ -146,19 +148,10 @@ static int key_bool(gl *L, const char *key, bool def, bool *out)
 /* A string key; absent: NULL when optional. */
 static int key_str(gl *L, const char *key, bool required, dol_gguf_str *out, bool *present)
 {
-    const dol_gguf_kv *kv = dol_gguf_find_kv(L->g, key);
-    *present = kv != NULL;
-    if (!kv) {
-        if (!required) return 0;
-        dol_set_err(L->err, L->errlen, "%s: key %s: missing", L->path, key);
-        return -1;
-    }
-    if (kv->type != DOL_GGUF_STRING) {
-        char t[48];
-        type_str(kv, t, sizeof t);
-        dol_set_err(L->err, L->errlen, "%s: key %s: must be a string (got %s)", L->path, key, t);
-        return -1;
-    }
+    const dol_gguf_kv *kv;
+    int found = find_key(L, key, required, is_string_type, "a string", &kv);
+    *present = found > 0;
+    if (found <= 0) return found;
     *out = kv->v.s;
     return 0;
 }
