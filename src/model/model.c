@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -723,7 +724,13 @@ int dol_model_load_gguf(const char *path, dol_model **out, char *err, size_t err
 
 int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen)
 {
-    if (dol_model_path_is_file(dir)) return dol_model_load_gguf(dir, out, err, errlen);
+    /* a regular file, or a missing path named *.gguf (its error then names
+     * the file, not a config.json inside it), is a GGUF file */
+    struct stat path_st;
+    size_t n = strlen(dir);
+    bool gguf_name = n >= 5 && strcasecmp(dir + n - 5, ".gguf") == 0;
+    if (dol_model_path_is_file(dir) || (gguf_name && stat(dir, &path_st) != 0))
+        return dol_model_load_gguf(dir, out, err, errlen);
     dol_model *m = calloc(1, sizeof *m);
     model_priv *p = calloc(1, sizeof *p);
     if (!m || !p) {

@@ -675,6 +675,17 @@ static void test_missing_and_wrong(void **state)
     snprintf(dir, sizeof dir, "%s/does-not-exist", tmproot);
     expect_fail(dir, "config.json: cannot open: No such file or directory");
 
+    /* a missing *.gguf path is named as the file it was meant to be */
+    {
+        char gerr[DOL_ERR_LEN] = "", gwant[600];
+        dol_model *gm = NULL;
+        snprintf(dir, sizeof dir, "%s/does-not-exist.gguf", tmproot);
+        assert_int_equal(dol_model_load(dir, &gm, gerr, sizeof gerr), -1);
+        assert_null(gm);
+        snprintf(gwant, sizeof gwant, "%s: cannot open: No such file or directory", dir);
+        assert_string_equal(gerr, gwant);
+    }
+
     /* a trailing slash is not doubled */
     snprintf(dir, sizeof dir, "%s/does-not-exist/", tmproot);
     expect_fail(dir, "does-not-exist/config.json: cannot open: No such file or directory");
