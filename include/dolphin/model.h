@@ -130,9 +130,11 @@ int dol_model_config_load(const char *dir, dol_model_config *cfg,
  * dol_model_free. */
 int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen);
 
-/* Whether `path` names a regular file (a GGUF file for dol_model_load)
- * rather than a directory. */
-bool dol_model_path_is_file(const char *path);
+/* Whether dol_model_load reads `path` as a GGUF file: a name ending in
+ * ".gguf" (any case; whatever it is, so that a directory, FIFO or missing
+ * path of that name gets the GGUF loader's error naming the file), or any
+ * other regular file. Otherwise it is a Hugging Face directory. */
+bool dol_model_path_is_gguf(const char *path);
 
 /* A GGUF file as a model (what dol_model_load does for a file): the reader
  * of include/dolphin/gguf.h validates the file, then

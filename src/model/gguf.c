@@ -205,7 +205,14 @@ static int read_kv(dol_gguf *g, cursor *c, dol_gguf_kv *kv, uint64_t index)
         case DOL_GGUF_INT16: kv->v.i = (int16_t)raw; break;
         case DOL_GGUF_INT32: kv->v.i = (int32_t)raw; break;
         case DOL_GGUF_INT64: kv->v.i = (int64_t)raw; break;
-        case DOL_GGUF_BOOL: kv->v.b = raw != 0; break;
+        case DOL_GGUF_BOOL:
+            if (raw > 1) {
+                dol_set_err(c->err, c->errlen, "%s: key %.*s: bool of value %llu (must be 0 or 1)",
+                            c->path, shown(k->len), k->s, (unsigned long long)raw);
+                return -1;
+            }
+            kv->v.b = raw != 0;
+            break;
         case DOL_GGUF_FLOAT32: {
             uint32_t u = (uint32_t)raw;
             float f;

@@ -695,9 +695,11 @@ static void set_name(dol_model *m)
     copy_str(m->name, sizeof m->name, base);
 }
 
-bool dol_model_path_is_file(const char *path)
+bool dol_model_path_is_gguf(const char *path)
 {
     struct stat st;
+    size_t n = strlen(path);
+    if (n >= 5 && strcasecmp(path + n - 5, ".gguf") == 0) return true;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
@@ -724,12 +726,7 @@ int dol_model_load_gguf(const char *path, dol_model **out, char *err, size_t err
 
 int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen)
 {
-    /* a regular file, or a missing path named *.gguf (its error then names
-     * the file, not a config.json inside it), is a GGUF file */
-    struct stat path_st;
-    size_t n = strlen(dir);
-    bool gguf_name = n >= 5 && strcasecmp(dir + n - 5, ".gguf") == 0;
-    if (dol_model_path_is_file(dir) || (gguf_name && stat(dir, &path_st) != 0))
+    if (dol_model_path_is_gguf(dir))
         return dol_model_load_gguf(dir, out, err, errlen);
     dol_model *m = calloc(1, sizeof *m);
     model_priv *p = calloc(1, sizeof *p);

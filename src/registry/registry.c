@@ -339,7 +339,7 @@ static int open_checkpoint(dol_models *m, const dol_model_entry *me, objects *o,
     memset(o, 0, sizeof *o);
     /* a GGUF file that cannot be served is the setting at fault (exit 2):
      * every refusal names the file and the key or tensor */
-    bool gguf = dol_model_path_is_file(me->path);
+    bool gguf = dol_model_path_is_gguf(me->path);
     if (dol_model_load(me->path, &o->model, err, errlen) != 0) {
         *config_error = gguf;
         goto fail;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dolphin/engine.h"
@@ -52,9 +53,8 @@ static void put_str(buf *o, const char *s)
 
 static void kv_u32(buf *o, const char *k, uint32_t v) { put_str(o, k); put_u32(o, 4); put_u32(o, v); }
 static void kv_f32(buf *o, const char *k, float v) { put_str(o, k); put_u32(o, 6); put(o, &v, 4); }
-static void kv_bool(buf *o, const char *k, bool v)
+static void kv_bool(buf *o, const char *k, uint8_t b)
 {
-    uint8_t b = v;
     put_str(o, k);
     put_u32(o, 7);
     put(o, &b, 1);
@@ -85,6 +85,7 @@ typedef struct {
     bool bad_value_type;
     int token_type_bad;        /* nonzero: token 4's type */
     bool round_bf16;           /* F32 weights hold values BF16 can represent */
+    uint8_t bos_raw;           /* nonzero: add_bos_token's byte (1 is true) */
 } spec;
 
 typedef struct {
@@ -193,7 +194,7 @@ static buf make_gguf(const spec *s)
     }
     KV(kv_u32(&kv, "tokenizer.ggml.bos_token_id", 1));
     KV(kv_u32(&kv, "tokenizer.ggml.eos_token_id", 2));
-    KV(kv_bool(&kv, "tokenizer.ggml.add_bos_token", true));
+    KV(kv_bool(&kv, "tokenizer.ggml.add_bos_token", s->bos_raw ? s->bos_raw : 1));
 #undef KV
 
     put_u64(&o, s->n_t_override ? s->n_t_override : (uint64_t)nt);
@@ -488,6 +489,37 @@ static void test_refused_keys(void **state)
     expect_refused(&(spec){.no_scores = true}, "key tokenizer.ggml.scores: missing");
     expect_refused(&(spec){.no_types = true}, "key tokenizer.ggml.token_type: missing");
     expect_refused(&(spec){.token_type_bad = 9}, "key tokenizer.ggml.token_type: token 4 has type 9");
+    expect_refused(&(spec){.bos_raw = 2}, "key tokenizer.ggml.add_bos_token: bool of value 2 (must be 0 or 1)");
+}
+
+/* A path named *.gguf that is not a regular file is refused as the file it
+ * names (not read as a Hugging Face directory); so is a missing one. */
+static void test_refused_paths(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/dolphin-test-gguf-XXXXXX", path[128], want[256];
+    assert_non_null(mkdtemp(dir));
+    const char *names[] = {"a-dir.gguf", "a-fifo.GGUF", "missing.gguf"};
+    const char *why[] = {"not a regular file", "not a regular file", "cannot open: No such file"};
+    snprintf(path, sizeof path, "%s/%s", dir, names[0]);
+    assert_int_equal(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s/%s", dir, names[1]);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    for (int i = 0; i < 3; i++) {
+        char err[DOL_ERR_LEN] = "";
+        dol_model *m = NULL;
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        assert_true(dol_model_path_is_gguf(path));
+        assert_int_equal(dol_model_load(path, &m, err, sizeof err), -1);
+        assert_null(m);
+        snprintf(want, sizeof want, "%s: %s", path, why[i]);
+        if (strncmp(err, want, strlen(want)) != 0) fail_msg("error \"%s\" is not \"%s...\"", err, want);
+    }
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (i == 0) rmdir(path); else unlink(path);
+    }
+    rmdir(dir);
 }
 
 /* The source digest (the prepared-weights cache's key) of a GGUF model
@@ -792,6 +824,7 @@ int main(void)
         cmocka_unit_test(test_refused_header),
         cmocka_unit_test(test_refused_tensors),
         cmocka_unit_test(test_refused_keys),
+        cmocka_unit_test(test_refused_paths),
         cmocka_unit_test(test_truncations),
         cmocka_unit_test(test_source_digest),
         cmocka_unit_test(test_shared_tables),
