@@ -703,7 +703,9 @@ bool dol_model_path_is_gguf(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-int dol_model_load_gguf(const char *path, dol_model **out, char *err, size_t errlen)
+/* An empty model with its private part; NULL (err names path) when out of
+ * memory. */
+static dol_model *model_new(const char *path, char *err, size_t errlen)
 {
     dol_model *m = calloc(1, sizeof *m);
     model_priv *p = calloc(1, sizeof *p);
@@ -711,9 +713,16 @@ int dol_model_load_gguf(const char *path, dol_model **out, char *err, size_t err
         free(m);
         free(p);
         dol_set_err(err, errlen, "%s: out of memory", path);
-        return -1;
+        return NULL;
     }
     m->priv = p;
+    return m;
+}
+
+int dol_model_load_gguf(const char *path, dol_model **out, char *err, size_t errlen)
+{
+    dol_model *m = model_new(path, err, errlen);
+    if (!m) return -1;
     m->format = DOL_MODEL_GGUF;
     if (dol_model_gguf_fill(m, path, err, errlen) != 0) {
         one_line(err, errlen);
@@ -728,15 +737,9 @@ int dol_model_load(const char *dir, dol_model **out, char *err, size_t errlen)
 {
     if (dol_model_path_is_gguf(dir))
         return dol_model_load_gguf(dir, out, err, errlen);
-    dol_model *m = calloc(1, sizeof *m);
-    model_priv *p = calloc(1, sizeof *p);
-    if (!m || !p) {
-        free(m);
-        free(p);
-        dol_set_err(err, errlen, "%s: out of memory", dir);
-        return -1;
-    }
-    m->priv = p;
+    dol_model *m = model_new(dir, err, errlen);
+    if (!m) return -1;
+    model_priv *p = m->priv;
     loader L = {.m = m, .p = p};
     int rc = -1;
     bool named = false;   /* err already starts with the directory */
