@@ -69,8 +69,11 @@ __device__ __forceinline__ float nf4_level(const float *lut, uint32_t offs, int 
  * chunk c is half (c & 1) of block c / 2: its low nibbles are the weights
  * k_lo .. k_lo + 15 with k_lo = 64 * (c / 2) + 16 * (c & 1), its high nibbles
  * the weights k_lo + 32 .. k_lo + 47. */
+/* T = 3: a floor of 4 blocks per SM lets ptxas keep all of it in registers
+ * (without it sm_86/87/89 spill 12 bytes at 96 registers); 0 leaves the
+ * other instances as ptxas chooses (docs/cuda.md, "Compile-time checks"). */
 template <int T>
-__global__ void __launch_bounds__(DOL_QUANT_THREADS)
+__global__ void __launch_bounds__(DOL_QUANT_THREADS, (T == 3) ? 4 : 0)
 dol_nf4_gemv_kernel(float *__restrict__ out, const __half *__restrict__ x,
                     const uint8_t *__restrict__ codes, const __half *__restrict__ scales, int N,
                     int K, nf4_levels levels)
