@@ -73,7 +73,7 @@ __device__ __forceinline__ float nf4_level(const float *lut, uint32_t offs, int 
  * (without it sm_86/87/89 spill 12 bytes at 96 registers); 0 leaves the
  * other instances as ptxas chooses (docs/cuda.md, "Compile-time checks"). */
 template <int T>
-__global__ void __launch_bounds__(DOL_QUANT_THREADS, (T == 3) ? 4 : 0)
+__global__ void __launch_bounds__(DOL_QUANT_THREADS, T == 3 ? 4 : 0)
 dol_nf4_gemv_kernel(float *__restrict__ out, const __half *__restrict__ x,
                     const uint8_t *__restrict__ codes, const __half *__restrict__ scales, int N,
                     int K, nf4_levels levels)
