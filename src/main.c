@@ -127,8 +127,10 @@ int main(int argc, char **argv)
             cfg.drain_timeout_s, dol_server_inflight(srv));
     double deadline = t_drain + cfg.drain_timeout_s * 1000.0;
     int again = 0;
-    /* requests waiting for a model's load count as in flight */
-    while ((dol_server_inflight(srv) > 0 || dol_models_waiting(models) > 0) &&
+    /* requests waiting for a model's load, or holding one before they
+     * submit, count as in flight */
+    while ((dol_server_inflight(srv) > 0 || dol_models_waiting(models) > 0 ||
+            dol_models_leased(models) > 0) &&
            dol_now_ms() < deadline)
         if ((again = wait_signal(&sigs, 10)) != 0) break;
     left = dol_server_inflight(srv) + dol_models_waiting(models);

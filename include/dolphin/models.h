@@ -144,6 +144,11 @@ void dol_models_drain(dol_models *m);
 /* Requests waiting for a model's load (the drain waits for them as for
  * in-flight work). Any thread. */
 int dol_models_waiting(dol_models *m);
+/* Leases held on loaded models: requests that hold a model, from the moment
+ * they have it (a woken waiter among them) until they end, submitted to its
+ * scheduler or not yet. The drain waits for these too, so a request woken
+ * by a load is not cut off before it submits. Any thread. */
+int dol_models_leased(dol_models *m);
 /* Shutdown, step 1: wait for load threads, then stop and free every
  * scheduler (what is left ends with 503). Leases may still be held. */
 void dol_models_stop(dol_models *m);

@@ -1056,6 +1056,15 @@ int dol_models_waiting(dol_models *m)
     return n;
 }
 
+int dol_models_leased(dol_models *m)
+{
+    int n = 0;
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < m->n; i++) n += m->e[i].leases;
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
 void dol_models_stop(dol_models *m)
 {
     if (!m) return;
