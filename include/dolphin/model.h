@@ -18,16 +18,48 @@
 extern "C" {
 #endif
 
+/* Element types of tensors: three plain ones, and the block-quantized
+ * types of GGUF files (layouts and exact dequantization in
+ * include/dolphin/ggml_blocks.h; only GGUF models hold them). */
 typedef enum {
     DOL_DTYPE_F32 = 0,
     DOL_DTYPE_F16 = 1,
     DOL_DTYPE_BF16 = 2,
+    DOL_DTYPE_Q8_0 = 3,
+    DOL_DTYPE_Q4_0 = 4,
+    DOL_DTYPE_Q4_1 = 5,
+    DOL_DTYPE_Q5_0 = 6,
+    DOL_DTYPE_Q5_1 = 7,
+    DOL_DTYPE_Q2_K = 8,
+    DOL_DTYPE_Q3_K = 9,
+    DOL_DTYPE_Q4_K = 10,
+    DOL_DTYPE_Q5_K = 11,
+    DOL_DTYPE_Q6_K = 12,
 } dol_dtype;
 
-/* Bytes per element of a dtype (4, 2, 2). */
+#define DOL_DTYPE_COUNT 13
+
+/* Bytes per element of a plain dtype (4, 2, 2); 0 for a block type (use
+ * dol_dtype_row_bytes). */
 size_t dol_dtype_size(dol_dtype t);
-/* "F32", "F16", "BF16". */
+/* "F32", "F16", "BF16", "Q8_0", ..., "Q6_K" (ggml's names). */
 const char *dol_dtype_name(dol_dtype t);
+/* Whether t is a block-quantized type (Q8_0 .. Q6_K). */
+bool dol_dtype_is_block(dol_dtype t);
+/* Weights per block: 1 for a plain type, 32 for Q8_0 .. Q5_1, 256 for the
+ * K-quants. */
+int dol_dtype_block(dol_dtype t);
+/* Bytes per block (a plain type: its element size). */
+size_t dol_dtype_block_bytes(dol_dtype t);
+/* Bytes of a row of `cols` weights: cols / block * block bytes (cols must be
+ * a multiple of the block, as the loaders check). */
+size_t dol_dtype_row_bytes(dol_dtype t, int64_t cols);
+
+/* n consecutive weights of dtype t at src (n a multiple of the block;
+ * src at a block boundary) as f32 at dst, exactly: the plain types widened
+ * (dol_f16_to_f32 ...), the block types dequantized as ggml_blocks.h
+ * defines (the same bits as dol_blk_weight). Any thread. */
+void dol_dequantize(dol_dtype t, const void *src, float *dst, int64_t n);
 
 /* Scalar conversions between the storage types and F32 (src/model/dtype.c).
  * F16 -> F32 and BF16 -> F32 are exact (subnormals, inf and nan included).
@@ -41,9 +73,12 @@ uint16_t dol_f32_to_bf16(float f);
 
 /* A 1-D or 2-D view of weights. `data` points into a read-only mapping of the
  * checkpoint (or into a buffer owned by the dol_model when the stored data
- * had to be realigned); it stays valid until dol_model_free. Row-major:
- * element (r, c) is at data + (r * cols + c) * dol_dtype_size(dtype).
- * For 1-D tensors rows == 1. `data` is aligned to the dtype's size. */
+ * had to be realigned or its rows reordered); it stays valid until
+ * dol_model_free. Row-major: row r starts at
+ * data + r * dol_dtype_row_bytes(dtype, cols); in a plain dtype element
+ * (r, c) is at data + (r * cols + c) * dol_dtype_size(dtype), aligned to
+ * that size; a block type's row is cols / block blocks (ggml_blocks.h), at
+ * any address. For 1-D tensors rows == 1 (always a plain dtype). */
 typedef struct {
     dol_dtype dtype;
     int64_t rows;
@@ -75,6 +110,9 @@ typedef struct {
  * kv = n_kv_heads * h, f = intermediate_size):
  *   attn_norm [1, d]   q [n_heads*h, d]   k [kv, d]   v [kv, d]
  *   o [d, n_heads*h]   ffn_norm [1, d]    gate [f, d] up [f, d]  down [d, f] */
+/* Bytes of t's data: rows * dol_dtype_row_bytes(dtype, cols). */
+size_t dol_tensor_bytes(const dol_tensor *t);
+
 typedef struct {
     dol_tensor attn_norm, q, k, v, o;
     dol_tensor ffn_norm, gate, up, down;
@@ -156,9 +194,10 @@ bool dol_model_path_is_gguf(const char *path);
  *   - tensors by llama.cpp's names (token_embd, blk.N.attn_q, ...,
  *     output_norm, output: absent = tied to token_embd), each shape as the
  *     hyperparameters say (GGUF order: ne[0], the row length, first), of
- *     type F32, F16 or BF16 (any other type is refused by name: the
- *     quantized ones "not supported yet"); no tensor the model does not
- *     use. attn_q / attn_k come un-permuted into Hugging Face's row order
+ *     type F32, F16, BF16 or one of the block types of ggml_blocks.h
+ *     (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K; 1-D tensors plain
+ *     only; any other type is refused by name); no tensor the model does
+ *     not use. attn_q / attn_k come un-permuted into Hugging Face's row order
  *     (llama.cpp's converter interleaves the two halves of each head for
  *     its RoPE): those two are copies owned by the model, the source pages
  *     dropped; every other tensor is used in place in the mapping (copied
@@ -195,7 +234,9 @@ size_t dol_model_release(const dol_model *m, const dol_tensor *t);
  * never read them again): free the copies m holds of those layers (a GGUF
  * model's un-permuted attn_q / attn_k, tensors copied for alignment) and
  * set their `data` to NULL. Returns the bytes freed. Everything else (the
- * embedding, read in place; norms; lm_head) is left as it is. The caller
+ * embedding, read in place; norms; lm_head; and block-quantized layers,
+ * which the CPU backend reads where they are, copies included) is left as
+ * it is. The caller
  * must hold m alone (no other thread reads it meanwhile). */
 size_t dol_model_drop_copies(dol_model *m);
 

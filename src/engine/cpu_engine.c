@@ -32,10 +32,13 @@
 
 /* A linear layer as the matmul reads it: an F32/F16 matrix (w), or, with
  * weights nf4, 4-bit codes and F16 block scales (q; w keeps the shape), or
- * with weights int8, Q8_0 quants and scales (q8m). */
+ * with weights int8, Q8_0 quants and scales (q8m), or a GGUF block type
+ * as the file holds it (blk: w is the model's tensor, whatever `weights`
+ * says; docs/configuration.md). */
 typedef struct {
     dol_tensor w;
     bool nf4, q8;
+    bool blk;    /* w a GGUF block type, read in place (the model's data) */
     bool packed; /* w.data in the packed layout (cpu_kernels.h) */
     dol_nf4_matrix q;
     dol_q8_matrix q8m;
@@ -145,6 +148,7 @@ static dol_dtype packed_dtype(dol_weight_format fmt, const dol_tensor *src)
  * Returns their count. The prepared-weights cache holds these. */
 static int linear_arrays(dol_weight_format fmt, const dol_tensor *src, size_t size[2])
 {
+    if (dol_dtype_is_block(src->dtype)) return 0;   /* read in place: nothing to cache */
     if (fmt == DOL_WEIGHTS_NF4) {
         size[0] = dol_nf4_codes_bytes(src->rows, src->cols);
         size[1] = dol_nf4_scales_bytes(src->rows, src->cols);
@@ -163,6 +167,7 @@ static int linear_arrays(dol_weight_format fmt, const dol_tensor *src, size_t si
 /* The arrays of a prepared layer, in linear_arrays' order. */
 static int linear_ptrs(const linear_w *w, void *ptr[2])
 {
+    if (w->blk) return 0;
     if (w->nf4) {
         ptr[0] = w->q.codes;
         ptr[1] = w->q.scales;
@@ -191,6 +196,12 @@ static int prep_linear(cpu_engine *e, dol_weight_format fmt, const dol_tensor *s
     int64_t n = src->rows * src->cols;
     dst->w = *src;
     e->qs.linear_f16_bytes += (size_t)n * 2;
+    if (dol_dtype_is_block(src->dtype)) {
+        dst->blk = true;
+        e->qs.linear_bytes += dol_tensor_bytes(src);
+        e->weight_bytes += dol_tensor_bytes(src);
+        return 0;
+    }
     if (fmt == DOL_WEIGHTS_NF4) {
         size_t codes = dol_nf4_codes_bytes(src->rows, src->cols);
         size_t scales = dol_nf4_scales_bytes(src->rows, src->cols);
@@ -267,7 +278,8 @@ static dol_cpu_weight weight_of(cpu_engine *e, const linear_w *w)
 {
     return (dol_cpu_weight){ w->w.data, w->w.dtype, w->nf4 ? &w->q : NULL, (int)w->w.rows,
                              (int)w->w.cols, w->packed, w->q8 ? &w->q8m : NULL,
-                             e->use_fast ? &e->fast : NULL };
+                             e->use_fast ? &e->fast : NULL,
+                             w->blk ? dol_dtype_row_bytes(w->w.dtype, w->w.cols) : 0 };
 }
 
 /* One tensor of the load plan: a norm (to f32) or a linear layer. */
@@ -281,7 +293,7 @@ typedef struct {
 
 static size_t tensor_bytes(const dol_tensor *t)
 {
-    return (size_t)(t->rows * t->cols) * dol_dtype_size(t->dtype);
+    return dol_tensor_bytes(t);
 }
 
 /* ---- the prepared-weights cache (weights_cache.h) ------------------------ */
@@ -467,10 +479,15 @@ static int load_weights(cpu_engine *e, const dol_model *model, const dol_engine_
         dol_weight_format head_fmt = p->weights;
         for (int i = n - 1; i >= 0; i--)
             if (it[i].lin) {
-                dt = it[i].src->dtype;
+                if (!dol_dtype_is_block(it[i].src->dtype)) dt = it[i].src->dtype;
                 if (e->has_head && it[i].lin == &e->lm_head) head_fmt = it[i].fmt;
             }
-        hit = cache_lookup(e, model, p, dt, head_fmt, &cc);
+        if (cc.n_arr == 0) {   /* every linear layer read in place: nothing to prepare */
+            dol_log(DOL_LOG_INFO, "weights_cache", "result=not_needed reason=block_types_in_place");
+            cc.on = false;
+        } else {
+            hit = cache_lookup(e, model, p, dt, head_fmt, &cc);
+        }
     }
 
     int ai = 0;   /* next array of cc.arr */
@@ -498,8 +515,8 @@ static int load_weights(cpu_engine *e, const dol_model *model, const dol_engine_
             }
         }
         /* the embedding is read in place: a tied lm_head leaves its pages
-         * to fault back in row by row */
-        e->released_bytes += dol_model_release(model, it[i].src);
+         * to fault back in row by row; so are the block types */
+        if (!(it[i].lin && it[i].lin->blk)) e->released_bytes += dol_model_release(model, it[i].src);
         done += tensor_bytes(it[i].src);
         const double now = dol_now_ms();
         if (now - last_log >= 1000.0 && i + 1 < n) {
@@ -617,7 +634,7 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
     if (load_weights(e, model, p, err, errlen) != 0) goto fail;
     if (e->has_embed) {
         e->embed = model->embed; /* read row by row in its own dtype */
-        e->weight_bytes += (size_t)(model->embed.rows * model->embed.cols) * dol_dtype_size(model->embed.dtype);
+        e->weight_bytes += dol_tensor_bytes(&model->embed);
     }
 
     /* KV pool: as asked, else sized from the memory left after the weights */

@@ -31,6 +31,10 @@ void DOL_K(q8_rows)(float *out, const float *x, int T, const dol_q8_matrix *W, i
 void DOL_K(nf4_panel)(const dol_nf4_matrix *W, int n, int m, bool packed, float *tile);
 void DOL_K(q8_panel)(const dol_q8_matrix *W, int n, int m, bool packed, float *tile);
 
+/* cpu_k_blocks.c: GGUF block types dequantized into F32 tiles */
+void DOL_K(blk_panel)(dol_dtype t, const void *W, size_t row_bytes, int n, int m, int K,
+                      bool packed, float *tile);
+
 /* cpu_k_elementwise.c */
 void DOL_K(rmsnorm)(float *out, const float *x, const float *w, int rows, int n, float eps);
 void DOL_K(rope)(float *x, int n_heads, int head_dim, const float *cos_row, const float *sin_row);

@@ -10,6 +10,8 @@
  *                        row-major and packed
  *   cpu_k_qmatmul.c      matrix products over NF4 and Q8_0 weights, and
  *                        their dequantized panels
+ *   cpu_k_blocks.c       GGUF's block types (ggml_blocks.h) dequantized
+ *                        into F32 panels
  *   cpu_k_elementwise.c  RMSNorm, RoPE, SiLU-gated product
  *   cpu_k_attn.c         attention over the paged KV cache
  *   cpu_k_exp.h          the exp shared by the softmax and SiLU
@@ -36,6 +38,7 @@ const dol_cpu_kernels DOL_CAT(dol_cpu_kernels_, DOL_CPU_VARIANT) = {
     .q8_rows = DOL_K(q8_rows),
     .nf4_panel = DOL_K(nf4_panel),
     .q8_panel = DOL_K(q8_panel),
+    .blk_panel = DOL_K(blk_panel),
     .rmsnorm = DOL_K(rmsnorm),
     .rope = DOL_K(rope),
     .silu_mul = DOL_K(silu_mul),

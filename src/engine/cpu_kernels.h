@@ -91,6 +91,13 @@ typedef struct dol_cpu_kernels {
      * rows of x run (cpu_ops.c). */
     void (*nf4_panel)(const dol_nf4_matrix *W, int n, int m, bool packed, float *tile);
     void (*q8_panel)(const dol_q8_matrix *W, int n, int m, bool packed, float *tile);
+    /* The same for a matrix of a GGUF block type t (ggml_blocks.h): rows
+     * n .. n+m-1 of W, whose row r starts at W + r * row_bytes, each
+     * weight exactly dol_blk_weight's (the same bits in every variant);
+     * K a multiple of the type's block. matmul_rows / matmul_packed_rows
+     * over the tile are then the whole product (cpu_ops.c). */
+    void (*blk_panel)(dol_dtype t, const void *W, size_t row_bytes, int n, int m, int K,
+                      bool packed, float *tile);
 
     /* Element-wise kernels, as documented in cpu_ops.h
      * (dol_cpu_rmsnorm_rows, dol_cpu_rope, dol_cpu_silu_mul); the same

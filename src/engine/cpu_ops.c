@@ -151,7 +151,8 @@ typedef struct {
 #define QUANT_PANEL_ROWS 16
 #define QUANT_ROWMAJOR_ROWS 4   /* a group the decode tiles read from L1 */
 
-/* The NF4 / Q8_0 product for batch- and prefill-sized T: each group of rows
+/* The NF4 / Q8_0 product for batch- and prefill-sized T, and the product
+ * over GGUF's block types for every T: each group of rows
  * of W is dequantized once (the kernel set's nf4_panel / q8_panel, SIMD)
  * into an F32 tile, which an F32 kernel then runs against all T rows of x:
  * QUANT_PANEL_ROWS rows in the packed layout (cpu_kernels.h) for the packed
@@ -171,7 +172,8 @@ static int quant_rows_panel(const fused_job *j, const dol_cpu_weight *w, float *
     for (int n = n0; n < n1; n += group) {
         const int m = n1 - n < group ? n1 - n : group;
         if (w->nf4) j->k->nf4_panel(w->nf4, n, m, packed, tile);
-        else j->k->q8_panel(w->q8, n, m, packed, tile);
+        else if (w->q8) j->k->q8_panel(w->q8, n, m, packed, tile);
+        else j->k->blk_panel(w->wtype, w->w, w->row_bytes, n, m, K, packed, tile);
         /* the tile holds rows n .. n+m-1 of W: the kernels find row (or
          * panel) r at W + r * K, so they are given the address where a whole
          * W would start (never read below the tile) */
@@ -188,6 +190,7 @@ static int quant_rows_panel(const fused_job *j, const dol_cpu_weight *w, float *
  * for the tile to pay (n0 is always a multiple of 16: fused_run). */
 static bool panel_ok(const fused_job *j, const dol_cpu_weight *w)
 {
+    if (dol_cpu_weight_is_blk(w)) return true; /* the only product of the block types */
     if (j->T < (w->q8 ? QUANT_PACKED_MIN_T : QUANT_PANEL_MIN_T)) return false;
     if (w->nf4) return w->nf4->cols % DOL_NF4_BLOCK == 0 && DOL_NF4_BLOCK % DOL_PACK_K == 0;
     if (w->q8) return w->q8->cols % DOL_Q8_BLOCK == 0 && DOL_Q8_BLOCK % DOL_PACK_K == 0;
@@ -282,6 +285,16 @@ static void rows_of(const fused_job *j, int i, float *out, int n0, int n1)
     const dol_cpu_weight *w = j->W[i];
     if (j->xp && fast_rows(j, w, out, n0, n1) == 0) return;
     if (panel_ok(j, w) && quant_rows_panel(j, w, out, n0, n1) == 0) return;
+    if (dol_cpu_weight_is_blk(w)) {   /* no memory for a tile: row by row */
+        float *row = malloc(sizeof(float) * (size_t)j->K);
+        for (int n = n0; row && n < n1; n++) {
+            j->k->blk_panel(w->wtype, w->w, w->row_bytes, n, 1, j->K, false, row);
+            const void *wp = (const void *)((uintptr_t)row - (uintptr_t)n * (uintptr_t)j->K * sizeof(float));
+            j->k->matmul_rows(out, j->x, j->T, j->K, wp, DOL_DTYPE_F32, w->N, n, n + 1);
+        }
+        free(row);
+        return;
+    }
     if (w->q8) j->k->q8_rows(out, j->x, j->T, w->q8, n0, n1);
     else if (w->nf4) j->k->nf4_rows(out, j->x, j->T, w->nf4, n0, n1);
     else if (w->packed) j->k->matmul_packed_rows(out, j->x, j->T, j->K, w->w, w->wtype, w->N, n0, n1);
@@ -381,21 +394,22 @@ void dol_cpu_matmul_multi(dol_pool *pool, const float *x, int T, int K,
 void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
                     const void *W, dol_dtype wtype, int N)
 {
-    const dol_cpu_weight w = { W, wtype, NULL, N, K, false, NULL, NULL };
+    const dol_cpu_weight w = { W, wtype, NULL, N, K, false, NULL, NULL,
+                               dol_dtype_is_block(wtype) ? dol_dtype_row_bytes(wtype, K) : 0 };
     dol_cpu_matmul_multi(pool, x, T, K, &w, &out, 1);
 }
 
 void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
                         const dol_nf4_matrix *W)
 {
-    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, W, (int)W->rows, (int)W->cols, false, NULL, NULL };
+    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, W, (int)W->rows, (int)W->cols, false, NULL, NULL, 0 };
     dol_cpu_matmul_multi(pool, x, T, w.K, &w, &out, 1);
 }
 
 void dol_cpu_matmul_q8(dol_pool *pool, float *out, const float *x, int T,
                        const dol_q8_matrix *W)
 {
-    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, NULL, (int)W->rows, (int)W->cols, false, W, NULL };
+    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, NULL, (int)W->rows, (int)W->cols, false, W, NULL, 0 };
     dol_cpu_matmul_multi(pool, x, T, w.K, &w, &out, 1);
 }
 
@@ -556,7 +570,6 @@ void dol_cpu_to_f32(float *dst, const void *src, dol_dtype t, int64_t n)
 
 void dol_cpu_embed_row(float *out, const dol_tensor *table, int32_t id)
 {
-    size_t esz = dol_dtype_size(table->dtype);
-    const char *row = (const char *)table->data + (size_t)id * table->cols * esz;
-    dol_cpu_to_f32(out, row, table->dtype, table->cols);
+    const char *row = (const char *)table->data + (size_t)id * dol_dtype_row_bytes(table->dtype, table->cols);
+    dol_dequantize(table->dtype, row, out, table->cols);
 }

@@ -27,7 +27,8 @@
 #include "engine/threadpool.h"
 
 /* out[t][n] = sum_k x[t][k] * W[n][k]  for t < T, n < N, k < K.
- * x: [T][K] f32 row-major; W: N rows of K elements (dtype F32, F16 or BF16);
+ * x: [T][K] f32 row-major; W: N rows of K elements (dtype F32, F16 or BF16,
+ * or a GGUF block type: dol_cpu_weight_is_blk below);
  * out: [T][N] f32 row-major (must not alias x). Parallel over N on pool. */
 void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
                     const void *W, dol_dtype wtype, int N);
@@ -82,7 +83,19 @@ typedef struct {
     bool packed; /* w is in the packed layout of cpu_kernels.h (dol_cpu_pack) */
     const dol_q8_matrix *q8; /* non-NULL: Q8_0 weights (q8.h); w, wtype, nf4 ignored */
     dol_cpu_fast *fast;      /* non-NULL: BF16x3 on AMX allowed (above) */
+    size_t row_bytes;        /* wtype a GGUF block type (ggml_blocks.h; nf4, q8 NULL,
+                              * not packed): row n of the blocks is at w + n * row_bytes */
 } dol_cpu_weight;
+
+/* Whether w is a matrix of a GGUF block type, read where it is: every
+ * product dequantizes groups of its rows into an F32 tile (the kernel set's
+ * blk_panel, exactly dol_blk_weight) and runs the F32 kernels on the tile,
+ * so each output is dot(x, dequantized row) in the F32 order above, for
+ * every T and thread split (batch-invariant bit for bit). */
+static inline bool dol_cpu_weight_is_blk(const dol_cpu_weight *w)
+{
+    return !w->nf4 && !w->q8 && !w->packed && dol_dtype_is_block(w->wtype);
+}
 
 /* Rearrange W (N rows of K elements of dtype src_t, row-major) into the
  * packed layout of cpu_kernels.h (panels of 4 rows, chunks of 16 weights) at

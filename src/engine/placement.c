@@ -338,8 +338,9 @@ static int placed_create(const dol_model *m, const dol_engine_params *p, int ctx
         /* a step reads the embedding row by row, every other weight whole */
         s->step_read_bytes = s->weight_bytes;
         if (s->r.embed && !(s->r.head && m->lm_head.data == m->embed.data))
-            s->step_read_bytes -= (size_t)(m->embed.rows * m->embed.cols) *
-                                  (s->cuda ? 2 : dol_dtype_size(m->embed.dtype));
+            s->step_read_bytes -= s->cuda && !dol_dtype_is_block(m->embed.dtype)
+                                      ? (size_t)(m->embed.rows * m->embed.cols) * 2
+                                      : dol_tensor_bytes(&m->embed);
         if (i > 0 && s->cuda && e->pl.st[i - 1].cuda)
             e->peer[i] = dol_cuda_peer_enable(s->r.device, e->pl.st[i - 1].r.device);
     }

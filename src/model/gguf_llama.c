@@ -20,7 +20,7 @@
 
 #define MAX_LAYERS 65536
 #define MAX_DIM (1 << 20)
-#define SERVED "this build serves F32, F16 and BF16 tensors"
+#define SERVED "this build serves F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K tensors"
 
 /* What is being loaded. */
 typedef struct {
@@ -366,16 +366,19 @@ static bool dtype_of(uint32_t ggml, dol_dtype *out)
     switch (ggml) {
     case 0: *out = DOL_DTYPE_F32; return true;
     case 1: *out = DOL_DTYPE_F16; return true;
+    case 2: *out = DOL_DTYPE_Q4_0; return true;
+    case 3: *out = DOL_DTYPE_Q4_1; return true;
+    case 6: *out = DOL_DTYPE_Q5_0; return true;
+    case 7: *out = DOL_DTYPE_Q5_1; return true;
+    case 8: *out = DOL_DTYPE_Q8_0; return true;
+    case 10: *out = DOL_DTYPE_Q2_K; return true;
+    case 11: *out = DOL_DTYPE_Q3_K; return true;
+    case 12: *out = DOL_DTYPE_Q4_K; return true;
+    case 13: *out = DOL_DTYPE_Q5_K; return true;
+    case 14: *out = DOL_DTYPE_Q6_K; return true;
     case 30: *out = DOL_DTYPE_BF16; return true;
     default: return false;
     }
-}
-
-/* The quantized types issue 36 plans to serve (the rest are refused for good). */
-static bool planned(uint32_t ggml)
-{
-    return ggml == 2 || ggml == 3 || ggml == 6 || ggml == 7 || ggml == 8 ||
-           (ggml >= 10 && ggml <= 14);
 }
 
 /* Un-permute the rows of attn_q / attn_k: llama.cpp's converter stores head
@@ -433,11 +436,17 @@ static int bind(gl *L, const char *name, int64_t rows, int64_t cols, dol_tensor 
     dol_dtype dt;
     if (!dtype_of(t->type, &dt)) {
         const dol_ggml_type_info *ti = dol_ggml_type(t->type);
-        dol_set_err(L->err, L->errlen, "%s: tensor %s: type %s is not supported%s (" SERVED ")",
-                    L->path, name, ti ? ti->name : "?", planned(t->type) ? " yet" : "");
+        dol_set_err(L->err, L->errlen, "%s: tensor %s: type %s is not supported (" SERVED ")",
+                    L->path, name, ti ? ti->name : "?");
         return -1;
     }
-    size_t esize = dol_dtype_size(dt);
+    if (!rows && dol_dtype_is_block(dt)) {
+        dol_set_err(L->err, L->errlen, "%s: tensor %s: type %s is not supported for a 1-D "
+                    "tensor (norms are F32, F16 or BF16)", L->path, name, dol_dtype_name(dt));
+        return -1;
+    }
+    /* block types are read byte by byte: any address will do */
+    size_t esize = dol_dtype_is_block(dt) ? 1 : dol_dtype_size(dt);
     const uint8_t *src = t->data;
     const void *data = src;
     size_t nbytes = (size_t)t->nbytes;
@@ -448,7 +457,7 @@ static int bind(gl *L, const char *name, int64_t rows, int64_t cols, dol_tensor 
             return -1;
         }
         if (permute_heads > 0)
-            unpermute(copy, src, permute_heads, L->m->cfg.head_dim, (size_t)cols * esize);
+            unpermute(copy, src, permute_heads, L->m->cfg.head_dim, dol_dtype_row_bytes(dt, cols));
         else
             memcpy(copy, src, nbytes);
         drop_pages(L, src, nbytes);

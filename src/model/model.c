@@ -829,8 +829,9 @@ size_t dol_model_drop_copies(dol_model *m)
         dol_tensor *t[7] = {&w->q, &w->k, &w->v, &w->o, &w->gate, &w->up, &w->down};
         for (int i = 0; i < 7; i++)
             for (int k = 0; k < p->n_owned; k++) {
-                if (p->owned[k] != t[i]->data) continue;
-                freed += (size_t)(t[i]->rows * t[i]->cols) * dol_dtype_size(t[i]->dtype);
+                /* block-quantized layers are read where they are */
+                if (p->owned[k] != t[i]->data || dol_dtype_is_block(t[i]->dtype)) continue;
+                freed += dol_tensor_bytes(t[i]);
                 free(p->owned[k]);
                 p->owned[k] = p->owned[--p->n_owned];
                 t[i]->data = NULL;
@@ -850,7 +851,7 @@ static bool tensor_pages(const dol_model *m, const dol_tensor *t, uintptr_t *a, 
     const model_priv *p = m ? m->priv : NULL;
     if (!p || !t || !t->data) return false;
     uintptr_t lo = (uintptr_t)t->data;
-    uintptr_t hi = lo + (uintptr_t)(t->rows * t->cols) * dol_dtype_size(t->dtype);
+    uintptr_t hi = lo + (uintptr_t)dol_tensor_bytes(t);
     int n_maps = p->gguf ? 1 : p->n_files;
     for (int i = 0; i < n_maps; i++) {
         uintptr_t m0, m1;

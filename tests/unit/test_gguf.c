@@ -467,9 +467,7 @@ static void test_refused_tensors(void **state)
     expect_refused(&(spec){.q_type = 99}, "tensor blk.0.attn_q.weight: unknown ggml type id 99");
     expect_refused(&(spec){.q_type = 4}, "tensor blk.0.attn_q.weight: unknown ggml type id 4");
     expect_refused(&(spec){.q_type = 12}, "tensor blk.0.attn_q.weight: ne[0] 32 is not a multiple of the 256 elements of a Q4_K block");
-    expect_refused(&(spec){.q_type = 8}, "tensor blk.0.attn_q.weight: type Q8_0 is not supported yet (this build serves F32, F16 and BF16 tensors)");
-    expect_refused(&(spec){.q_type = 2}, "tensor blk.0.attn_q.weight: type Q4_0 is not supported yet");
-    expect_refused(&(spec){.q_type = 9}, "tensor blk.0.attn_q.weight: type Q8_1 is not supported (this build");
+    expect_refused(&(spec){.q_type = 9}, "tensor blk.0.attn_q.weight: type Q8_1 is not supported (this build serves F32, F16, BF16, Q8_0, Q4_0");
     expect_refused(&(spec){.q_type = 20}, "tensor blk.0.attn_q.weight: type IQ4_NL is not supported (this build");
     expect_refused(&(spec){.q_rows = 30}, "tensor blk.0.attn_q.weight: shape [32, 30] but the llama.* keys say [32, 32]");
     expect_refused(&(spec){.no_output_norm = true}, "tensor output_norm.weight: missing");
@@ -640,20 +638,6 @@ static void test_shared_tables(void **state)
     if (!seen) skip();
 }
 
-/* A quantized file is refused, naming its file, a tensor and the type, as
- * not supported yet. */
-static void test_shared_quantized_refused(void **state)
-{
-    (void)state;
-    char path[1200], err[DOL_ERR_LEN];
-    if (!have_gguf("k256-Q4_K_M.gguf", path, sizeof path)) skip();
-    dol_model *m = NULL;
-    assert_int_not_equal(dol_model_load(path, &m, err, sizeof err), 0);
-    char want[1300];
-    snprintf(want, sizeof want, "%s: tensor token_embd.weight: type Q4_K is not supported yet", path);
-    if (strncmp(err, want, strlen(want)) != 0) fail_msg("got \"%s\"", err);
-}
-
 static dol_engine *cpu_engine(dol_model *m)
 {
     dol_engine *e = NULL;
@@ -663,6 +647,65 @@ static dol_engine *cpu_engine(dol_model *m)
                            .backend = DOL_BACKEND_CPU};
     if (dol_engine_create(m, &p, &e, err, sizeof err) != 0) fail_msg("%s", err);
     return e;
+}
+
+/* The golden's cases on engine eg with tokenizer tg (file `file`): the
+ * prompt ids are llama.cpp's, the greedy ids the float64 reference's up to
+ * the first step whose margin is below 1e-3, the last position's top 8
+ * logits within 1e-3; with eh (the checkpoint's engine) also the same ids
+ * and logits bit for bit. */
+static void check_cases(const char *file, const cJSON *entry, dol_engine *eg, dol_tokenizer *tg,
+                        dol_engine *eh, int V)
+{
+    char err[DOL_ERR_LEN];
+    const cJSON *ref = cJSON_GetObjectItem(cJSON_GetObjectItem(entry, "reference"), "cases");
+    const cJSON *lcpp = cJSON_GetObjectItem(cJSON_GetObjectItem(entry, "llama_cpp"), "cases");
+    assert_int_equal(cJSON_GetArraySize(ref), cJSON_GetArraySize(lcpp));
+    float *fg = malloc(sizeof(float) * (size_t)V), *fh = malloc(sizeof(float) * (size_t)V);
+    for (int ci = 0; ci < cJSON_GetArraySize(ref); ci++) {
+        const cJSON *rc = cJSON_GetArrayItem(ref, ci), *lc = cJSON_GetArrayItem(lcpp, ci);
+        const char *prompt = cJSON_GetObjectItem(rc, "prompt")->valuestring;
+        int32_t want_prompt[64], *ids = NULL;
+        int np = fixture_ids(cJSON_GetObjectItem(lc, "prompt_ids"), want_prompt, 64);
+        size_t n = 0;
+        assert_int_equal(dol_tokenizer_encode(tg, prompt, strlen(prompt), true, &ids, &n, err, sizeof err), 0);
+        assert_int_equal((int)n, np);
+        assert_memory_equal(ids, want_prompt, n * sizeof *ids);
+        free(ids);
+
+        int max_new = cJSON_GetObjectItem(rc, "max_tokens")->valueint;
+        int32_t og[128], oh[128], want[128];
+        double margins[128];
+        int ng = test_greedy(eg, want_prompt, np, max_new, og, NULL, fg);
+        if (eh) {   /* bit for bit the checkpoint's */
+            int nh = test_greedy(eh, want_prompt, np, max_new, oh, NULL, fh);
+            assert_int_equal(ng, nh);
+            assert_memory_equal(og, oh, (size_t)ng * sizeof *og);
+            assert_memory_equal(fg, fh, sizeof(float) * (size_t)V);
+        }
+        /* the float64 reference: ids up to the first undecided step, the
+         * last position's top 8 within 1e-3 */
+        int nw = fixture_ids(cJSON_GetObjectItem(rc, "greedy_ids"), want, 128);
+        const cJSON *mg = cJSON_GetObjectItem(rc, "greedy_margins");
+        int k = 0;
+        for (; k < nw; k++) {
+            margins[k] = cJSON_GetArrayItem(mg, k)->valuedouble;
+            if (margins[k] < 1e-3) break;
+        }
+        for (int s2 = 0; s2 < k; s2++)
+            if (s2 >= ng || og[s2] != want[s2])
+                fail_msg("%s case %d: step %d: id %d, reference %d", file, ci, s2,
+                         s2 < ng ? og[s2] : -1, want[s2]);
+        const cJSON *top;
+        cJSON_ArrayForEach(top, cJSON_GetObjectItem(rc, "last_logits_top8")) {
+            int id = cJSON_GetArrayItem(top, 0)->valueint;
+            double v = cJSON_GetArrayItem(top, 1)->valuedouble;
+            if (fabs(fg[id] - v) > 1e-3)
+                fail_msg("%s case %d: logit %d = %.6f, reference %.6f", file, ci, id, fg[id], v);
+        }
+    }
+    free(fg);
+    free(fh);
 }
 
 /* GGUF file `file` against the safetensors directory `dir` it was made from
@@ -742,51 +785,7 @@ static void against_checkpoint(const char *file, const char *dir_name, const cha
     assert_null(g->layers[0].k.data);
     assert_non_null(g->layers[0].v.data);
     assert_int_equal(dol_model_drop_copies(h), 0);
-    const int V = a->vocab_size;
-    float *fg = malloc(sizeof(float) * (size_t)V), *fh = malloc(sizeof(float) * (size_t)V);
-    for (int ci = 0; ci < cJSON_GetArraySize(ref); ci++) {
-        const cJSON *rc = cJSON_GetArrayItem(ref, ci), *lc = cJSON_GetArrayItem(lcpp, ci);
-        const char *prompt = cJSON_GetObjectItem(rc, "prompt")->valuestring;
-        int32_t want_prompt[64], *ids = NULL;
-        int np = fixture_ids(cJSON_GetObjectItem(lc, "prompt_ids"), want_prompt, 64);
-        size_t n = 0;
-        assert_int_equal(dol_tokenizer_encode(tg, prompt, strlen(prompt), true, &ids, &n, err, sizeof err), 0);
-        assert_int_equal((int)n, np);
-        assert_memory_equal(ids, want_prompt, n * sizeof *ids);
-        free(ids);
-
-        int max_new = cJSON_GetObjectItem(rc, "max_tokens")->valueint;
-        int32_t og[128], oh[128], want[128];
-        double margins[128];
-        int ng = test_greedy(eg, want_prompt, np, max_new, og, NULL, fg);
-        int nh = test_greedy(eh, want_prompt, np, max_new, oh, NULL, fh);
-        /* bit for bit the checkpoint's */
-        assert_int_equal(ng, nh);
-        assert_memory_equal(og, oh, (size_t)ng * sizeof *og);
-        assert_memory_equal(fg, fh, sizeof(float) * (size_t)V);
-        /* the float64 reference: ids up to the first undecided step, the
-         * last position's top 8 within 1e-3 */
-        int nw = fixture_ids(cJSON_GetObjectItem(rc, "greedy_ids"), want, 128);
-        const cJSON *mg = cJSON_GetObjectItem(rc, "greedy_margins");
-        int k = 0;
-        for (; k < nw; k++) {
-            margins[k] = cJSON_GetArrayItem(mg, k)->valuedouble;
-            if (margins[k] < 1e-3) break;
-        }
-        for (int s2 = 0; s2 < k; s2++)
-            if (s2 >= ng || og[s2] != want[s2])
-                fail_msg("%s case %d: step %d: id %d, reference %d", file, ci, s2,
-                         s2 < ng ? og[s2] : -1, want[s2]);
-        const cJSON *top;
-        cJSON_ArrayForEach(top, cJSON_GetObjectItem(rc, "last_logits_top8")) {
-            int id = cJSON_GetArrayItem(top, 0)->valueint;
-            double v = cJSON_GetArrayItem(top, 1)->valuedouble;
-            if (fabs(fg[id] - v) > 1e-3)
-                fail_msg("%s case %d: logit %d = %.6f, reference %.6f", file, ci, id, fg[id], v);
-        }
-    }
-    free(fg);
-    free(fh);
+    check_cases(file, entry, eg, tg, eh, a->vocab_size);
     dol_engine_free(eg);
     dol_engine_free(eh);
     dol_tokenizer_free(tg);
@@ -794,6 +793,49 @@ static void against_checkpoint(const char *file, const char *dir_name, const cha
     dol_model_free(g);
     dol_model_free(h);
     cJSON_Delete(gold);
+}
+
+/* Every quantized file of the goldens (k256 in ten types, tiny-llama2's
+ * Q4_K_M mix) on the CPU against the float64 reference on gguf-py's
+ * dequantized weights, with the F32 KV cache; the block-quantized layers
+ * are read in place, so dropping copies leaves them. */
+static void test_shared_quantized(void **state)
+{
+    (void)state;
+    static const char *const models[] = {"k256", "tiny-llama2"};
+    int seen = 0;
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        char rel[96], path[1200], err[DOL_ERR_LEN];
+        snprintf(rel, sizeof rel, "golden/gguf-%s.json", models[mi]);
+        cJSON *gold = fixture_json(rel);
+        if (!gold) continue;
+        const cJSON *entry;
+        cJSON_ArrayForEach(entry, cJSON_GetObjectItem(gold, "files")) {
+            const char *file = cJSON_GetObjectItem(entry, "file")->valuestring;
+            if (strcmp(entry->string, "F16") == 0 || strcmp(entry->string, "F32") == 0) continue;
+            if (!have_gguf(file, path, sizeof path)) continue;
+            dol_model *g = NULL;
+            if (dol_model_load(path, &g, err, sizeof err) != 0) fail_msg("%s", err);
+            dol_tokenizer *tg = NULL;
+            if (dol_model_tokenizer(g, &tg, err, sizeof err) != 0) fail_msg("%s", err);
+            dol_engine *eg = cpu_engine(g);
+            size_t plain = 0;
+            for (int l = 0; l < g->cfg.n_layers; l++)
+                for (int i = 0; i < 2; i++) {
+                    const dol_tensor *t = i ? &g->layers[l].k : &g->layers[l].q;
+                    if (!dol_dtype_is_block(t->dtype)) plain += dol_tensor_bytes(t);
+                }
+            assert_int_equal(dol_model_drop_copies(g), plain);
+            if (dol_dtype_is_block(g->layers[0].q.dtype)) assert_non_null(g->layers[0].q.data);
+            check_cases(file, entry, eg, tg, NULL, g->cfg.vocab_size);
+            dol_engine_free(eg);
+            dol_tokenizer_free(tg);
+            dol_model_free(g);
+            seen++;
+        }
+        cJSON_Delete(gold);
+    }
+    if (!seen) skip();
 }
 
 static void test_shared_stories_f32(void **state)
@@ -828,7 +870,7 @@ int main(void)
         cmocka_unit_test(test_truncations),
         cmocka_unit_test(test_source_digest),
         cmocka_unit_test(test_shared_tables),
-        cmocka_unit_test(test_shared_quantized_refused),
+        cmocka_unit_test(test_shared_quantized),
         cmocka_unit_test(test_shared_stories_f32),
         cmocka_unit_test(test_shared_k256_f16),
         cmocka_unit_test(test_shared_tiny_llama2_f16),
