@@ -657,6 +657,7 @@ static const char *format_name(dol_weight_format wf, const dol_model *m, const d
     default: break;
     }
     dol_dtype ck = m->layers[0].q.dtype;
+    if (dol_dtype_is_block(ck)) return "as stored";   /* GGUF block types, read in place */
     if (qs->linear_f16_bytes > 0) {
         double ratio = (double)qs->linear_bytes / (double)qs->linear_f16_bytes;
         if (ratio > 1.5) return "f32";

@@ -106,6 +106,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (dol_model_load(g_file.path, &m, err, sizeof err) == 0) {
         FUZZ_CHECK(m->format == DOL_MODEL_GGUF);
         FUZZ_CHECK(m->cfg.n_layers >= 1 && m->layers != NULL);
+        /* the last embedding row and the last row of the last layer's down
+         * projection, dequantized: reads stay inside the tensors */
+        const dol_tensor *ts[2] = {&m->embed, &m->layers[m->cfg.n_layers - 1].down};
+        for (int i = 0; i < 2; i++) {
+            float *row = malloc(sizeof(float) * (size_t)ts[i]->cols);
+            FUZZ_CHECK(row != NULL);
+            const uint8_t *last = (const uint8_t *)ts[i]->data +
+                                  (size_t)(ts[i]->rows - 1) * dol_dtype_row_bytes(ts[i]->dtype, ts[i]->cols);
+            dol_dequantize(ts[i]->dtype, last, row, ts[i]->cols);
+            free(row);
+        }
         dol_tokenizer *tok = NULL;
         if (dol_model_tokenizer(m, &tok, err, sizeof err) == 0) {
             int32_t *ids = NULL;

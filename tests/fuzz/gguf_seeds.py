@@ -4,7 +4,8 @@ the corpus directory given (scripts/fuzz.sh passes its temporary copy): for
 each GGUF file under $DOLPHIN_SHARED/models/gguf, its first MAX bytes (the
 header, metadata and as much of the tensor table as fit) and a few shorter
 truncations; and a small well-formed Llama GGUF of our own (F32, one layer,
-an 8-piece tokenizer, 7 KB), whole and truncated. The shared files are read here,
+an 8-piece tokenizer, 7 KB; and the same with Q8_0 or Q4_0 matrices),
+whole and truncated. The shared files are read here,
 never copied into the repository.
 
     python3 tests/fuzz/gguf_seeds.py CORPUS_DIR [MAX]
@@ -40,9 +41,18 @@ def kv_arr(k, t, items):
     return head + b"".join(struct.pack(fmt, x) for x in items)
 
 
-def tiny_llama():
-    """d 16, 2 heads of 8, 1 KV head, FFN 16, 1 layer, 8 tokens; F32 (7 KB)."""
-    d, nh, hd, nkv, ff, nv = 16, 2, 8, 1, 16, 8
+def block(qtype, i):
+    """One block of 32 weights: Q8_0 (type 8) or Q4_0 (type 2), scale 1/64."""
+    if qtype == 8:
+        return struct.pack("<e", 1 / 64) + bytes(((i + j) * 37) % 256 for j in range(32))
+    return struct.pack("<e", 1 / 64) + bytes(((i + j) * 29) % 256 for j in range(16))
+
+
+def tiny_llama(qtype=0):
+    """d 16, 2 heads of 8, 1 KV head, FFN 16, 1 layer, 8 tokens; F32 (7 KB).
+    With qtype 8 or 2: d 32, 4 heads of 8, FFN 32, the matrices Q8_0 or
+    Q4_0 (the norms F32)."""
+    d, nh, hd, nkv, ff, nv = (32, 4, 8, 1, 32, 8) if qtype else (16, 2, 8, 1, 16, 8)
     toks = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "\u2581a", "\u2581b"]
     kvs = [kv_str("general.architecture", "llama"), kv_u32("llama.context_length", 64),
            kv_u32("llama.embedding_length", d), kv_u32("llama.block_count", 1),
@@ -65,9 +75,15 @@ def tiny_llama():
         for x in ne:
             n *= x
         out += s(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", x) for x in ne)
-        out += struct.pack("<IQ", 0, off)
-        data += struct.pack(f"<{n}f", *[((i * 7) % 13) / 64.0 for i in range(n)])
-        off += 4 * n
+        t = qtype if qtype and len(ne) == 2 else 0
+        out += struct.pack("<IQ", t, off)
+        if t:
+            blob = b"".join(block(t, i) for i in range(n // 32))
+        else:
+            blob = struct.pack(f"<{n}f", *[((i * 7) % 13) / 64.0 for i in range(n)])
+        blob += b"\0" * (-len(blob) % 32)
+        data += blob
+        off += len(blob)
     out += b"\0" * (-len(out) % 32)
     return out + data
 
@@ -76,7 +92,8 @@ def main():
     corpus = Path(sys.argv[1])
     limit = int(sys.argv[2]) if len(sys.argv) > 2 else 16384
     corpus.mkdir(parents=True, exist_ok=True)
-    seeds = {"tiny-llama.gguf": tiny_llama()}
+    seeds = {"tiny-llama.gguf": tiny_llama(), "tiny-llama-q8_0.gguf": tiny_llama(8),
+             "tiny-llama-q4_0.gguf": tiny_llama(2)}
     shared = Path(os.environ.get("DOLPHIN_SHARED", Path(__file__).resolve().parents[2].parent / "shared"))
     for f in sorted((shared / "models" / "gguf").glob("*.gguf")):
         with open(f, "rb") as fh:

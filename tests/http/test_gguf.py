@@ -1,13 +1,14 @@
 """GGUF files served end to end (dolphind --model FILE.gguf, and a models:
 entry whose path is a .gguf file): for the F32/F16 files of the shared
-fixtures, the prompt ids equal llama.cpp's, the greedy ids equal the float64
+fixtures and every block-quantized one, the prompt ids equal llama.cpp's, the greedy ids equal the float64
 reference's up to the first step whose margin is below 1e-3, and every
-answer (text, ids, logprobs) is the one the safetensors checkpoint the file
-was made from gives, bit for bit (the unit test test_gguf holds the top-8
+answer of the F32/F16 files (text, ids, logprobs) is the one the
+safetensors checkpoint the file was made from gives, bit for bit (the unit test test_gguf holds the top-8
 logits to the reference within 1e-3; equal logprobs carry that here).
 /v1/models, /healthz and the model_loaded line name the format and the
 type mix; a file this build cannot serve ends the start with exit 2 and one
 line naming the file and the tensor or key."""
+import json
 import os
 import re
 import subprocess
@@ -15,7 +16,7 @@ import subprocess
 import pytest
 import requests
 
-from dolphin_server import BIN, Dolphind, golden, gguf_file, model_dir
+from dolphin_server import BIN, SHARED, Dolphind, golden, gguf_file, model_dir
 
 # the reference's ids are held up to the first step whose margin is below
 # this (scripts/ci-cuda-emu.sh sets 5e-2 for the FP16 CUDA backend)
@@ -132,19 +133,83 @@ def test_models_entry_with_a_gguf_path(tmp_path):
         srv.stop()
 
 
-@pytest.mark.parametrize("file,want", [
-    ("k256-Q4_K_M.gguf", r"k256-Q4_K_M\.gguf: tensor token_embd\.weight: type Q4_K is not supported yet"),
-    ("k256-Q8_0.gguf", r"k256-Q8_0\.gguf: tensor token_embd\.weight: type Q8_0 is not supported yet"),
-])
-def test_unsupported_type_exit_2(file, want):
+def _mix(counts):
+    """The type mix as Dolphin writes it: most frequent first, then by name."""
+    return ", ".join(f"{t} {n}" for t, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+# every block-quantized file of the goldens: (file, golden name, entry)
+def _qfiles():
+    out = []
+    for g in ("gguf-k256", "gguf-tiny-llama2"):
+        p = SHARED / "golden" / f"{g}.json"
+        if p.is_file():
+            out += [(e["file"], g, k) for k, e in json.loads(p.read_text())["files"].items()
+                    if k not in ("F16", "F32")]
+    return out
+
+
+QFILES = _qfiles()
+
+
+@pytest.fixture(scope="module", params=QFILES, ids=[f[0] for f in QFILES])
+def quantized(request):
+    file, gold, key = request.param
+    srv = Dolphind(str(gguf_file(file)), ["--kv-cache-dtype", "f32"], threads=1)
+    yield srv, golden(gold)["files"][key]
+    srv.stop()
+
+
+def test_quantized_against_reference(quantized):
+    """A quantized file served as it is: llama.cpp's prompt ids, the
+    reference's greedy ids up to the first undecided step, the first step's
+    best two logits 2e-3 from the reference's, the type mix and the bytes
+    held shown."""
+    g, entry = quantized
+    for ref, lcpp in zip(entry["reference"]["cases"], entry["llama_cpp"]["cases"]):
+        r = g.complete(_body(g.model, ref["prompt"], ref["max_tokens"]))
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        assert c["prompt_token_ids"] == lcpp["prompt_ids"]
+        k = _decided(ref)
+        assert c["token_ids"][:k] == ref["greedy_ids"][:k]
+        top = ref["last_logits_top8"]
+        vals = sorted(c["logprobs"]["top_logprobs"][0].values(), reverse=True)
+        if EXACT and len(vals) >= 2:
+            assert abs((vals[0] - vals[1]) - (top[0][1] - top[1][1])) < 2e-3
+    (m,) = requests.get(g.url + "/v1/models", timeout=30).json()["data"]
+    mix = _mix(entry["tensor_type_counts"])
+    assert m["dolphin"]["file_format"] == "gguf" and m["dolphin"]["file_types"] == mix
+    # the layers are read in place: the bytes held are about the file's
+    assert 0.9 * entry["bytes"] < m["dolphin"]["memory_bytes"] < 1.1 * entry["bytes"] + (64 << 20)
+    (h,) = g.health()["models"]
+    assert h["file_types"] == mix
+
+
+def _retyped(src, tensor, type_id):
+    """The bytes of GGUF file src with tensor's ggml type id replaced: its
+    entry in the tensor table is the name, n_dims, the dims, then the type."""
+    name = tensor.encode()
+    i = src.index(len(name).to_bytes(8, "little") + name)
+    j = i + 8 + len(name)
+    n_dims = int.from_bytes(src[j:j + 4], "little")
+    t = j + 4 + 8 * n_dims
+    return src[:t] + type_id.to_bytes(4, "little") + src[t + 4:]
+
+
+def test_unsupported_type_exit_2(tmp_path):
+    """A type outside the served ones (IQ4_NL, id 20, which has Q4_0's block
+    geometry so that only its type is wrong): exit 2 and one line naming the
+    file, the tensor and the type."""
     if not BIN.is_file():
         pytest.skip(f"{BIN} not built")
-    path = gguf_file(file)
-    p = subprocess.run([str(BIN), "--model", str(path), "--port", "0", "--threads", "1"],
+    bad = tmp_path / "iq4.gguf"
+    bad.write_bytes(_retyped(gguf_file("k256-Q4_0.gguf").read_bytes(), "blk.1.ffn_up.weight", 20))
+    p = subprocess.run([str(BIN), "--model", str(bad), "--port", "0", "--threads", "1"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr
     last = p.stderr.strip().splitlines()[-1]
-    assert re.search(want, last), last
+    assert f"{bad}: tensor blk.1.ffn_up.weight: type IQ4_NL is not supported" in last, last
 
 
 def test_broken_file_exit_2(tmp_path):
