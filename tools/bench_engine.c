@@ -778,12 +778,12 @@ int main(int argc, char **argv)
      * o, gate, up, down of every layer, and lm_head) as the engine holds it,
      * the norms (held as F32), and one row of the embedding table. The KV
      * cache read by attention (a few hundred positions here) is left out. */
-    size_t embed_bytes = (size_t)(m->embed.rows * m->embed.cols) * dol_dtype_size(m->embed.dtype);
+    size_t embed_bytes = dol_tensor_bytes(&m->embed);
     dol_quant_stats qs;
     dol_engine_quant_stats(e, &qs);
     size_t linear = qs.linear_bytes ? qs.linear_bytes : dol_engine_weight_bytes(e) - embed_bytes;
     size_t norms = (size_t)(2 * c->n_layers + 1) * (size_t)c->hidden_size * sizeof(float);
-    size_t step_bytes = linear + norms + (size_t)c->hidden_size * dol_dtype_size(m->embed.dtype);
+    size_t step_bytes = linear + norms + dol_dtype_row_bytes(m->embed.dtype, c->hidden_size);
 
     /* header */
     char date[32], cpu[256];
