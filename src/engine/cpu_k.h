@@ -34,8 +34,6 @@ void DOL_K(q8_panel)(const dol_q8_matrix *W, int n, int m, bool packed, float *t
 /* cpu_k_blocks.c: GGUF block types dequantized into F32 tiles */
 void DOL_K(blk_panel)(dol_dtype t, const void *W, size_t row_bytes, int n, int m, int K,
                       bool packed, float *tile);
-void DOL_K(blk_rows)(float *out, const float *x, int T, int K, dol_dtype t, const void *W,
-                     size_t row_bytes, int N, int n0, int n1);
 
 /* cpu_k_elementwise.c */
 void DOL_K(rmsnorm)(float *out, const float *x, const float *w, int rows, int n, float eps);

@@ -4,10 +4,8 @@
  * run (cpu_ops.c). One decoder per type, each the expressions of
  * dol_blk_weight unrolled over a whole block so that the compiler can
  * vectorize it (conversions, products and differences only: no sums, so
- * every variant gives the same bits, the reference's), and the product of a
- * few rows of x over such a matrix with each block decoded once into L1
- * and multiplied there (blk_rows: dot's order exactly). Compiled once per
- * variant (cpu_k.h); exports DOL_K(blk_panel) and DOL_K(blk_rows). */
+ * every variant gives the same bits, the reference's). Compiled once per
+ * variant (cpu_k.h); exports DOL_K(blk_panel). */
 #include "engine/cpu_k.h"
 
 #include <string.h>
@@ -198,57 +196,5 @@ void DOL_K(blk_panel)(dol_dtype t, const void *W, size_t row_bytes, int n, int m
                 memcpy(row + ((size_t)b * B / DOL_PACK_K + (size_t)c) * DOL_PACK_ROWS * DOL_PACK_K,
                        y + c * DOL_PACK_K, sizeof(float) * DOL_PACK_K);
         }
-    }
-}
-
-/* acc += x[0..B) * y[0..B) in dot's order (DOL_SIMD lanes; portable: k order). */
-#ifdef DOL_SIMD
-static inline vecf fma_block(vecf acc, const float *x, const float *y, int B)
-{
-    for (int k = 0; k < B; k += DOL_SIMD) acc = v_fma(v_load(x + k), v_load(y + k), acc);
-    return acc;
-}
-#endif
-
-void DOL_K(blk_rows)(float *out, const float *x, int T, int K, dol_dtype t, const void *W,
-                     size_t row_bytes, int N, int n0, int n1)
-{
-    const block_fn dq = decoder(t);
-    const int B = dol_dtype_block(t);
-    const size_t bb = dol_dtype_block_bytes(t);
-    float y[256] __attribute__((aligned(64)));
-    if (!dq || T > DOL_BLK_ROWS_MAX_T) return;
-    for (int n = n0; n < n1; n++) {
-        const uint8_t *src = (const uint8_t *)W + (size_t)n * row_bytes;
-#ifdef DOL_SIMD
-        /* K is whole blocks of whole vectors: no scalar tail */
-        if (T == 1) {
-            vecf acc = v_zero();
-            for (int b = 0; b < K / B; b++) {
-                dq(src + (size_t)b * bb, y);
-                acc = fma_block(acc, x + (size_t)b * B, y, B);
-            }
-            out[n] = v_sum(acc);
-            continue;
-        }
-        vecf acc[DOL_BLK_ROWS_MAX_T];
-        for (int i = 0; i < T; i++) acc[i] = v_zero();
-        for (int b = 0; b < K / B; b++) {
-            dq(src + (size_t)b * bb, y);
-            for (int i = 0; i < T; i++)
-                acc[i] = fma_block(acc[i], x + (size_t)i * K + (size_t)b * B, y, B);
-        }
-        for (int i = 0; i < T; i++) out[(size_t)i * N + n] = v_sum(acc[i]);
-#else
-        float acc[DOL_BLK_ROWS_MAX_T] = {0};
-        for (int b = 0; b < K / B; b++) {
-            dq(src + (size_t)b * bb, y);
-            for (int i = 0; i < T; i++) {
-                const float *xb = x + (size_t)i * K + (size_t)b * B;
-                for (int k = 0; k < B; k++) acc[i] += xb[k] * y[k];
-            }
-        }
-        for (int i = 0; i < T; i++) out[(size_t)i * N + n] = acc[i];
-#endif
     }
 }

@@ -39,7 +39,6 @@ const dol_cpu_kernels DOL_CAT(dol_cpu_kernels_, DOL_CPU_VARIANT) = {
     .nf4_panel = DOL_K(nf4_panel),
     .q8_panel = DOL_K(q8_panel),
     .blk_panel = DOL_K(blk_panel),
-    .blk_rows = DOL_K(blk_rows),
     .rmsnorm = DOL_K(rmsnorm),
     .rope = DOL_K(rope),
     .silu_mul = DOL_K(silu_mul),

@@ -98,13 +98,6 @@ typedef struct dol_cpu_kernels {
      * over the tile are then the whole product (cpu_ops.c). */
     void (*blk_panel)(dol_dtype t, const void *W, size_t row_bytes, int n, int m, int K,
                       bool packed, float *tile);
-    /* The product over such a matrix for 1 <= T <= DOL_BLK_ROWS_MAX_T rows
-     * of x (decode and small batches): out[t][n] = dot(x[t], row n
-     * dequantized, K) for n0 <= n < n1 (row stride N), each block decoded
-     * once into L1 and multiplied there with dot's order, so the bits of
-     * matmul_rows over blk_panel's tile. */
-    void (*blk_rows)(float *out, const float *x, int T, int K, dol_dtype t, const void *W,
-                     size_t row_bytes, int N, int n0, int n1);
 
     /* Element-wise kernels, as documented in cpu_ops.h
      * (dol_cpu_rmsnorm_rows, dol_cpu_rope, dol_cpu_silu_mul); the same
@@ -178,7 +171,6 @@ typedef struct dol_cpu_kernels {
  * same layout serves every variant (an 8-lane set reads a chunk as two
  * vectors); element (n, k) is at dol_cpu_packed_index. */
 #define DOL_PACK_ROWS 4
-#define DOL_BLK_ROWS_MAX_T 15   /* blk_rows' rows of x; more go through blk_panel */
 #define DOL_PACK_K 16
 
 static inline size_t dol_cpu_packed_index(int n, int k, int K)

@@ -190,7 +190,7 @@ static int quant_rows_panel(const fused_job *j, const dol_cpu_weight *w, float *
  * for the tile to pay (n0 is always a multiple of 16: fused_run). */
 static bool panel_ok(const fused_job *j, const dol_cpu_weight *w)
 {
-    if (dol_cpu_weight_is_blk(w)) return j->T > DOL_BLK_ROWS_MAX_T; /* else blk_rows */
+    if (dol_cpu_weight_is_blk(w)) return true; /* the only product of the block types */
     if (j->T < (w->q8 ? QUANT_PACKED_MIN_T : QUANT_PANEL_MIN_T)) return false;
     if (w->nf4) return w->nf4->cols % DOL_NF4_BLOCK == 0 && DOL_NF4_BLOCK % DOL_PACK_K == 0;
     if (w->q8) return w->q8->cols % DOL_Q8_BLOCK == 0 && DOL_Q8_BLOCK % DOL_PACK_K == 0;
@@ -285,10 +285,6 @@ static void rows_of(const fused_job *j, int i, float *out, int n0, int n1)
     const dol_cpu_weight *w = j->W[i];
     if (j->xp && fast_rows(j, w, out, n0, n1) == 0) return;
     if (panel_ok(j, w) && quant_rows_panel(j, w, out, n0, n1) == 0) return;
-    if (dol_cpu_weight_is_blk(w) && j->T <= DOL_BLK_ROWS_MAX_T) {
-        j->k->blk_rows(out, j->x, j->T, j->K, w->wtype, w->w, w->row_bytes, w->N, n0, n1);
-        return;
-    }
     if (dol_cpu_weight_is_blk(w)) {   /* no memory for a tile: row by row */
         float *row = malloc(sizeof(float) * (size_t)j->K);
         for (int n = n0; row && n < n1; n++) {
