@@ -257,3 +257,55 @@ def test_weights_cache_miss_then_hit(tmp_path):
         pytest.skip("the CUDA backend does not use the prepared-weights cache")
     assert results == ["miss", "hit"], results
     assert texts[0] == texts[1]
+
+
+def test_weights_cache_with_block_types(tmp_path):
+    """A file whose linear layers are all block-quantized has nothing to
+    prepare (result=not_needed, no file written); tiny-llama2's Q4_K_M mix,
+    with F16 fallbacks, caches those and hits on the second start."""
+    for file, want in (("k256-Q4_K_M.gguf", ["not_needed", "not_needed"]),
+                       ("tiny-llama2-Q4_K_M.gguf", ["miss", "hit"])):
+        d = tmp_path / file
+        d.mkdir()
+        results, ids = [], []
+        for _ in range(2):
+            srv = Dolphind(str(gguf_file(file)), ["--weights-cache-dir", str(d)], threads=1)
+            try:
+                r = srv.complete({"model": srv.model, "prompt": "Once upon a time",
+                                  "max_tokens": 8, "temperature": 0, "return_token_ids": True})
+                assert r.status_code == 200, r.text
+                ids.append(r.json()["choices"][0]["token_ids"])
+                results += re.findall(r"event=weights_cache result=(\w+)", srv.log())
+                cuda = "event=model_loaded backend=cuda" in srv.log()
+            finally:
+                srv.stop()
+        if cuda:
+            pytest.skip("the CUDA backend does not use the prepared-weights cache")
+        assert results == want, (file, results)
+        assert ids[0] == ids[1]
+        if want[0] == "not_needed":
+            assert list(d.iterdir()) == []
+
+
+def test_two_gguf_models_and_metrics(tmp_path):
+    """Two quantized files in one models: list: each answers as its own,
+    /healthz and /metrics list both."""
+    a, b = gguf_file("k256-Q4_0.gguf"), gguf_file("k256-Q6_K.gguf")
+    cfg = tmp_path / "dolphin.yaml"
+    cfg.write_text(f"models:\n  - name: q4\n    path: {a}\n  - name: q6\n    path: {b}\n")
+    srv = Dolphind(None, ["--config", str(cfg)], threads=1)
+    try:
+        gold = golden("gguf-k256")["files"]
+        for name, key in (("q4", "Q4_0"), ("q6", "Q6_K")):
+            ref = gold[key]["reference"]["cases"][0]
+            r = srv.complete({"model": name, "prompt": ref["prompt"], "max_tokens": 8,
+                              "temperature": 0, "return_token_ids": True})
+            assert r.status_code == 200, r.text
+            k = min(_decided(ref), 8)
+            assert r.json()["choices"][0]["token_ids"][:k] == ref["greedy_ids"][:k]
+        names = sorted(m["id"] for m in srv.health()["models"])
+        assert names == ["q4", "q6"]
+        metrics = requests.get(srv.url + "/metrics", timeout=30).text
+        assert 'model="q4"' in metrics and 'model="q6"' in metrics
+    finally:
+        srv.stop()
