@@ -95,15 +95,24 @@ static void dq_q3_k(const uint8_t *b, float *y)
             }
 }
 
+/* The scales and mins of chunk c (sub-blocks 2c, 2c + 1) of a Q4_K / Q5_K
+ * block, multiplied by the block's d and dmin. */
+static inline void k4_scales(const uint8_t *b, int c, float d, float dmin, float *d1, float *n1,
+                             float *d2, float *n2)
+{
+    int sc1, m1, sc2, m2;
+    dol_blk_k4_scale_min(2 * c, b + 4, &sc1, &m1);
+    dol_blk_k4_scale_min(2 * c + 1, b + 4, &sc2, &m2);
+    *d1 = d * (float)sc1, *n1 = dmin * (float)m1;
+    *d2 = d * (float)sc2, *n2 = dmin * (float)m2;
+}
+
 static void dq_q4_k(const uint8_t *b, float *y)
 {
     const float d = dol_blk_f16(b), dmin = dol_blk_f16(b + 2);
     for (int c = 0; c < 4; c++) {
-        int sc1, m1, sc2, m2;
-        dol_blk_k4_scale_min(2 * c, b + 4, &sc1, &m1);
-        dol_blk_k4_scale_min(2 * c + 1, b + 4, &sc2, &m2);
-        const float d1 = d * (float)sc1, n1 = dmin * (float)m1;
-        const float d2 = d * (float)sc2, n2 = dmin * (float)m2;
+        float d1, n1, d2, n2;
+        k4_scales(b, c, d, dmin, &d1, &n1, &d2, &n2);
         const uint8_t *q = b + 16 + 32 * c;
         for (int l = 0; l < 32; l++) {
             y[64 * c + l] = d1 * (float)(q[l] & 0xF) - n1;
@@ -117,11 +126,8 @@ static void dq_q5_k(const uint8_t *b, float *y)
     const float d = dol_blk_f16(b), dmin = dol_blk_f16(b + 2);
     const uint8_t *qh = b + 16;
     for (int c = 0; c < 4; c++) {
-        int sc1, m1, sc2, m2;
-        dol_blk_k4_scale_min(2 * c, b + 4, &sc1, &m1);
-        dol_blk_k4_scale_min(2 * c + 1, b + 4, &sc2, &m2);
-        const float d1 = d * (float)sc1, n1 = dmin * (float)m1;
-        const float d2 = d * (float)sc2, n2 = dmin * (float)m2;
+        float d1, n1, d2, n2;
+        k4_scales(b, c, d, dmin, &d1, &n1, &d2, &n2);
         const uint8_t *q = b + 48 + 32 * c;
         for (int l = 0; l < 32; l++) {
             const int lo = (q[l] & 0xF) + (((qh[l] >> (2 * c)) & 1) ? 16 : 0);

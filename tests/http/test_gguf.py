@@ -237,26 +237,33 @@ def test_broken_file_exit_2(tmp_path):
     assert f'{gpt}: key tokenizer.ggml.model: tokenizer "gpt2!" is not supported' in last, last
 
 
-def test_weights_cache_miss_then_hit(tmp_path):
-    """The prepared-weights cache keys a GGUF model by its file: a second
-    start maps what the first one wrote and answers the same."""
-    path = gguf_file("k256-F16.gguf")
-    texts, results = [], []
+def _two_starts(file, cache_dir, max_tokens):
+    """Two starts on file with --weights-cache-dir cache_dir: the greedy ids
+    of one prompt each time, the weights_cache results logged, and whether
+    the backend was CUDA."""
+    results, ids, cuda = [], [], False
     for _ in range(2):
-        srv = Dolphind(str(path), ["--weights-cache-dir", str(tmp_path)], threads=1)
+        srv = Dolphind(str(gguf_file(file)), ["--weights-cache-dir", str(cache_dir)], threads=1)
         try:
-            r = srv.complete({"model": srv.model, "prompt": "Once upon a time", "max_tokens": 12,
-                              "temperature": 0, "return_token_ids": True})
+            r = srv.complete({"model": srv.model, "prompt": "Once upon a time",
+                              "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True})
             assert r.status_code == 200, r.text
-            texts.append(r.json()["choices"][0]["token_ids"])
-            results += re.findall(r"event=weights_cache result=(\w+) ", srv.log())
+            ids.append(r.json()["choices"][0]["token_ids"])
+            results += re.findall(r"event=weights_cache result=(\w+)", srv.log())
             cuda = "event=model_loaded backend=cuda" in srv.log()
         finally:
             srv.stop()
+    return ids, results, cuda
+
+
+def test_weights_cache_miss_then_hit(tmp_path):
+    """The prepared-weights cache keys a GGUF model by its file: a second
+    start maps what the first one wrote and answers the same."""
+    ids, results, cuda = _two_starts("k256-F16.gguf", tmp_path, 12)
     if cuda:
         pytest.skip("the CUDA backend does not use the prepared-weights cache")
     assert results == ["miss", "hit"], results
-    assert texts[0] == texts[1]
+    assert ids[0] == ids[1]
 
 
 def test_weights_cache_with_block_types(tmp_path):
@@ -267,18 +274,7 @@ def test_weights_cache_with_block_types(tmp_path):
                        ("tiny-llama2-Q4_K_M.gguf", ["miss", "hit"])):
         d = tmp_path / file
         d.mkdir()
-        results, ids = [], []
-        for _ in range(2):
-            srv = Dolphind(str(gguf_file(file)), ["--weights-cache-dir", str(d)], threads=1)
-            try:
-                r = srv.complete({"model": srv.model, "prompt": "Once upon a time",
-                                  "max_tokens": 8, "temperature": 0, "return_token_ids": True})
-                assert r.status_code == 200, r.text
-                ids.append(r.json()["choices"][0]["token_ids"])
-                results += re.findall(r"event=weights_cache result=(\w+)", srv.log())
-                cuda = "event=model_loaded backend=cuda" in srv.log()
-            finally:
-                srv.stop()
+        ids, results, cuda = _two_starts(file, d, 8)
         if cuda:
             pytest.skip("the CUDA backend does not use the prepared-weights cache")
         assert results == want, (file, results)
