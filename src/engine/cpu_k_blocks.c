@@ -189,9 +189,10 @@ void DOL_K(blk_panel)(dol_dtype t, const void *W, size_t row_bytes, int n, int m
         float *row = packed ? tile + (size_t)(r / DOL_PACK_ROWS) * DOL_PACK_ROWS * (size_t)K +
                                   (size_t)(r % DOL_PACK_ROWS) * DOL_PACK_K
                             : tile + (size_t)r * (size_t)K;
-        const uint8_t *src = (const uint8_t *)W + (size_t)(n + r) * row_bytes;
+        /* the padding rows of a packed panel (r >= m) are zeros, not rows of W */
+        const uint8_t *src = r < m ? (const uint8_t *)W + (size_t)(n + r) * row_bytes : NULL;
         for (int b = 0; b < K / B; b++) {
-            if (r < m && dq) dq(src + (size_t)b * bb, y);
+            if (src && dq) dq(src + (size_t)b * bb, y);
             else memset(y, 0, sizeof(float) * (size_t)B);
             if (!packed) {
                 memcpy(row + (size_t)b * B, y, sizeof(float) * (size_t)B);
