@@ -192,12 +192,13 @@ void DOL_K(blk_panel)(dol_dtype t, const void *W, size_t row_bytes, int n, int m
         /* the padding rows of a packed panel (r >= m) are zeros, not rows of W */
         const uint8_t *src = r < m ? (const uint8_t *)W + (size_t)(n + r) * row_bytes : NULL;
         for (int b = 0; b < K / B; b++) {
-            if (src && dq) dq(src + (size_t)b * bb, y);
-            else memset(y, 0, sizeof(float) * (size_t)B);
-            if (!packed) {
-                memcpy(row + (size_t)b * B, y, sizeof(float) * (size_t)B);
+            if (!packed) {   /* straight into the row */
+                if (src && dq) dq(src + (size_t)b * bb, row + (size_t)b * B);
+                else memset(row + (size_t)b * B, 0, sizeof(float) * (size_t)B);
                 continue;
             }
+            if (src && dq) dq(src + (size_t)b * bb, y);
+            else memset(y, 0, sizeof(float) * (size_t)B);
             /* chunk c of the row sits DOL_PACK_ROWS * DOL_PACK_K floats after chunk c - 1 */
             for (int c = 0; c < B / DOL_PACK_K; c++)
                 memcpy(row + ((size_t)b * B / DOL_PACK_K + (size_t)c) * DOL_PACK_ROWS * DOL_PACK_K,

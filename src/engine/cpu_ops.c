@@ -161,12 +161,56 @@ typedef struct {
  * by lane in k order and summed as nf4_rows / q8_rows sum it (K whole
  * blocks, see panel_ok), so the bits are theirs and outputs stay
  * batch-invariant. Returns -1 (nothing done) when the tile cannot be had. */
+/* Each thread's tile, kept between products (a tile allocated per task is
+ * fresh pages every time: the kernel's zeroing of them took a third of a
+ * decode step); freed when the thread ends. */
+typedef struct {
+    float *p;
+    size_t cap; /* floats */
+} tile_buf;
+
+static pthread_key_t tile_key;
+static pthread_once_t tile_once = PTHREAD_ONCE_INIT;
+static bool tile_key_ok;
+
+static void tile_free(void *v)
+{
+    tile_buf *t = v;
+    free(t->p);
+    free(t);
+}
+
+static void tile_key_make(void) { tile_key_ok = pthread_key_create(&tile_key, tile_free) == 0; }
+
+/* At least n floats, 64-byte aligned, for this thread; NULL without memory. */
+static float *thread_tile(size_t n)
+{
+    pthread_once(&tile_once, tile_key_make);
+    if (!tile_key_ok) return NULL;
+    tile_buf *t = pthread_getspecific(tile_key);
+    if (!t) {
+        if (!(t = calloc(1, sizeof *t))) return NULL;
+        if (pthread_setspecific(tile_key, t) != 0) {
+            free(t);
+            return NULL;
+        }
+    }
+    if (t->cap < n) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, sizeof(float) * n) != 0) return NULL;
+        free(t->p);
+        t->p = p;
+        t->cap = n;
+    }
+    return t->p;
+}
+
 static int quant_rows_panel(const fused_job *j, const dol_cpu_weight *w, float *out, int n0,
                             int n1)
 {
     const int K = j->K, N = w->N;
     const bool packed = j->T >= QUANT_PACKED_MIN_T;
-    float *tile = malloc(sizeof(float) * (size_t)QUANT_PANEL_ROWS * (size_t)K);
+    float *tile = thread_tile((size_t)QUANT_PANEL_ROWS * (size_t)K);
     if (!tile) return -1;
     const int group = packed ? QUANT_PANEL_ROWS : QUANT_ROWMAJOR_ROWS;
     for (int n = n0; n < n1; n += group) {
@@ -181,7 +225,6 @@ static int quant_rows_panel(const fused_job *j, const dol_cpu_weight *w, float *
         if (packed) j->k->matmul_packed_rows(out, j->x, j->T, K, wp, DOL_DTYPE_F32, N, n, n + m);
         else j->k->matmul_rows(out, j->x, j->T, K, wp, DOL_DTYPE_F32, N, n, n + m);
     }
-    free(tile);
     return 0;
 }
 
