@@ -2,8 +2,8 @@
  * per kernel family, callable from C (src/engine/cuda_engine.c) and from the
  * tests. Every launcher enqueues work on `stream` and returns the launch
  * status (cudaGetLastError), never aborts; errors during execution surface
- * at the next synchronisation. (dol_cuda_nf4_matmul and dol_cuda_q8_matmul,
- * which also call cuBLAS, return 0 or -1 with a message instead.)
+ * at the next synchronisation. (dol_cuda_nf4_matmul, dol_cuda_q8_matmul and
+ * dol_cuda_blk_matmul, which also call cuBLAS, return 0 or -1 with a message instead.)
  *
  * Conventions: FP16 values are passed as dol_f16 (IEEE binary16 bits in a
  * uint16_t; the kernels reinterpret them as __half). All matrices are
@@ -214,6 +214,56 @@ cudaError_t dol_cuda_q8_dequant(dol_f16 *w, const dol_cuda_q8 *W, int row0, int 
 int dol_cuda_q8_matmul(cublasHandle_t blas, float *out, const dol_f16 *x, int T,
                        const dol_cuda_q8 *W, dol_f16 *ws, size_t ws_elems, cudaStream_t stream,
                        char *err, size_t errlen);
+
+/* ---- GGUF block types (kernels/ggml_blocks.cu) --------------------------------
+ * A matrix of one of GGUF's block-quantized types, on the device exactly as
+ * the file holds it (include/dolphin/ggml_blocks.h gives the layouts): rows
+ * of cols / block blocks of block_bytes bytes each, row r at
+ * data + r * row_bytes; blocks never cross rows. Weights are decoded with
+ * dol_blk_weight, the CPU backend's exact float32 expressions. */
+/* Most token rows of one decode-kernel launch. */
+#define DOL_CUDA_BLK_GEMV_MAX_T 8
+/* dol_cuda_blk_matmul uses the decode kernel up to this many rows,
+ * dequantized tiles and cuBLAS above. */
+#define DOL_CUDA_BLK_GEMV_UPTO 16
+
+typedef struct {
+    const uint8_t *data;  /* device [rows][row_bytes] */
+    int type;             /* a dol_dtype from DOL_DTYPE_Q8_0 to DOL_DTYPE_Q6_K */
+    int rows, cols;       /* N (out_features), K (in_features, a multiple of block) */
+    int block;            /* weights per block: 32 or 256 (dol_dtype_block) */
+    int block_bytes;      /* dol_dtype_block_bytes */
+    size_t row_bytes;     /* cols / block * block_bytes */
+} dol_cuda_blk;
+
+/* Decode: out[t * ldo + n] = sum_k x[t][k] * weight(W, n, k), t < T <=
+ * DOL_CUDA_BLK_GEMV_MAX_T, n < W->rows, ldo >= W->rows (a slice of a wider
+ * output: fused matrices of several types). x: [T][cols] FP16, out FP32.
+ * FP32 accumulation: per (output, group of 32 weights) sum(x * w) in order,
+ * added to the output's sum; each output row computed the same way whatever
+ * T is. cudaErrorInvalidValue for T > DOL_CUDA_BLK_GEMV_MAX_T, ldo < rows or
+ * a malformed W (sizes that disagree, another type). */
+cudaError_t dol_cuda_blk_gemv(float *out, int ldo, const dol_f16 *x, int T, const dol_cuda_blk *W,
+                              cudaStream_t stream);
+
+/* Rows row0 .. row0 + rows - 1 of W as FP16 into w ([rows][cols]): fp16 of
+ * the exact weight, rounded to nearest even, so exactly dol_f32_to_f16 of
+ * dol_dequantize's floats. */
+cudaError_t dol_cuda_blk_dequant(dol_f16 *w, const dol_cuda_blk *W, int row0, int rows,
+                                 cudaStream_t stream);
+
+/* out[t * ldo + n] = x[T][cols] . dequant(W)^T for any T, as
+ * dol_cuda_nf4_matmul: T <= DOL_CUDA_BLK_GEMV_UPTO through dol_cuda_blk_gemv,
+ * more rows through tiles of ws_elems / cols rows dequantized to FP16 in ws
+ * and cublasGemmEx (ldc = ldo). 0, or -1 with one line in err. */
+int dol_cuda_blk_matmul(cublasHandle_t blas, float *out, int ldo, const dol_f16 *x, int T,
+                        const dol_cuda_blk *W, dol_f16 *ws, size_t ws_elems, cudaStream_t stream,
+                        char *err, size_t errlen);
+
+/* x[t][:] = row ids[t] of table as FP32, exactly dol_dequantize's floats;
+ * x: [T][table->cols]. The ids must be below table->rows. */
+cudaError_t dol_cuda_blk_embedding(float *x, const dol_cuda_blk *table, const int32_t *ids, int T,
+                                   cudaStream_t stream);
 
 /* cudaSuccess when this binary holds kernel code the current device can run
  * (cudaErrorNoKernelImageForDevice otherwise). */

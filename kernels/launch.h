@@ -52,7 +52,7 @@ static inline int dol_cuda_attn_pairs(int head_dim)
     return head_dim <= 64 ? 1 : head_dim <= 128 ? 2 : 4;
 }
 
-/* dol_embedding_kernel: one block per token row. */
+/* dol_embedding_kernel, dol_blk_embedding_kernel: one block per token row. */
 static inline dol_cuda_launch_cfg dol_cuda_cfg_embedding(int d)
 {
     (void)d;
@@ -107,13 +107,15 @@ static inline dol_cuda_launch_cfg dol_cuda_cfg_sampling(void)
 }
 
 /* dol_nf4_gemv_kernel<T>, dol_nf4_gemv_any_kernel<T>, dol_q8_gemv_kernel<T>,
- * dol_q8_gemv_any_kernel<T>: DOL_QUANT_ROWS rows of W per block. */
+ * dol_q8_gemv_any_kernel<T>: DOL_QUANT_ROWS rows of W per block;
+ * dol_blk_gemv_kernel<TYPE>: 4 rows per warp. */
 static inline dol_cuda_launch_cfg dol_cuda_cfg_quant_gemv(void)
 {
     return dol_cuda_cfg_plain(DOL_CUDA_QUANT_GEMV_THREADS);
 }
 
-/* dol_nf4_dequant_kernel, dol_q8_dequant_kernel: grid-stride. */
+/* dol_nf4_dequant_kernel, dol_q8_dequant_kernel, dol_blk_dequant_kernel:
+ * grid-stride. */
 static inline dol_cuda_launch_cfg dol_cuda_cfg_dequant(void)
 {
     return dol_cuda_cfg_plain(DOL_CUDA_DEQUANT_THREADS);

@@ -166,25 +166,25 @@ static inline unsigned dol_quant_dequant_blocks(size_t n)
     return blocks;
 }
 
-/* The matmul of a scheme: out[T][N] = x[T][K] . dequant(W)^T, N = W->rows,
- * K = W->cols. T <= gemv_upto through gemv in launches of up to gemv_max_t
- * rows; more rows through tiles of ws_elems / K rows of W dequantized to
- * FP16 in ws and cublasGemmEx (FP16 inputs, FP32 accumulation and output),
- * tile after tile on `stream`. 0, or -1 with one line in err naming `scheme`. */
-template <typename W>
-static int dol_quant_matmul(cublasHandle_t blas, float *out, const dol_f16 *x, int T, const W *w,
-                            cudaError_t (*gemv)(float *, const dol_f16 *, int, const W *,
-                                                cudaStream_t),
-                            cudaError_t (*dequant)(dol_f16 *, const W *, int, int, cudaStream_t),
-                            int gemv_upto, int gemv_max_t, const char *scheme, dol_f16 *ws,
-                            size_t ws_elems, cudaStream_t stream, char *err, size_t errlen)
+/* The matmul of a scheme with the output's row stride ldo (>= N):
+ * out[t * ldo + n] = x[T][K] . dequant(W)^T, N rows and K columns of W.
+ * T <= gemv_upto through gemv(out, x, nt) in launches of up to gemv_max_t
+ * rows; more rows through tiles of ws_elems / K rows of W dequantized to FP16
+ * in ws by dequant(ws, n0, nr) and cublasGemmEx (FP16 inputs, FP32
+ * accumulation and output), tile after tile on `stream`. 0, or -1 with one
+ * line in err naming `scheme`. */
+template <typename Gemv, typename Dequant>
+static int dol_quant_matmul_ld(cublasHandle_t blas, float *out, int ldo, const dol_f16 *x, int T,
+                               int N, int K, Gemv &&gemv, Dequant &&dequant, int gemv_upto,
+                               int gemv_max_t, const char *scheme, dol_f16 *ws, size_t ws_elems,
+                               cudaStream_t stream, char *err, size_t errlen)
 {
-    const int N = w->rows, K = w->cols;
+    (void)stream;
     if (T <= 0 || N <= 0) return 0;
     if (T <= gemv_upto) {
         for (int t0 = 0; t0 < T; t0 += gemv_max_t) {
             const int nt = T - t0 < gemv_max_t ? T - t0 : gemv_max_t;
-            CUDA_CHECK(gemv(out + (size_t)t0 * N, x + (size_t)t0 * K, nt, w, stream));
+            CUDA_CHECK(gemv(out + (size_t)t0 * (size_t)ldo, x + (size_t)t0 * K, nt));
         }
         return 0;
     }
@@ -198,14 +198,31 @@ static int dol_quant_matmul(cublasHandle_t blas, float *out, const dol_f16 *x, i
     const float alpha = 1.0f, beta = 0.0f;
     for (int n0 = 0; n0 < N; n0 += step) {
         const int nr = N - n0 < step ? N - n0 : step;
-        CUDA_CHECK(dequant(ws, w, n0, nr, stream));
+        CUDA_CHECK(dequant(ws, n0, nr));
         /* row-major out[:, n0 .. n0+nr) = x . tile^T, as the column-major
-         * out^T rows n0.. = tile^T(nr x K) . x^T(K x T), ldc = N */
+         * out^T rows n0.. = tile^T(nr x K) . x^T(K x T), ldc = ldo */
         CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, nr, T, K, &alpha, ws, CUDA_R_16F,
-                                  K, x, CUDA_R_16F, K, &beta, out + n0, CUDA_R_32F, N,
+                                  K, x, CUDA_R_16F, K, &beta, out + n0, CUDA_R_32F, ldo,
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
     return 0;
+}
+
+/* dol_quant_matmul_ld for a scheme's matrix type W (rows, cols) and its
+ * launchers, with out [T][N] packed (ldo = N). */
+template <typename W>
+static int dol_quant_matmul(cublasHandle_t blas, float *out, const dol_f16 *x, int T, const W *w,
+                            cudaError_t (*gemv)(float *, const dol_f16 *, int, const W *,
+                                                cudaStream_t),
+                            cudaError_t (*dequant)(dol_f16 *, const W *, int, int, cudaStream_t),
+                            int gemv_upto, int gemv_max_t, const char *scheme, dol_f16 *ws,
+                            size_t ws_elems, cudaStream_t stream, char *err, size_t errlen)
+{
+    return dol_quant_matmul_ld(
+        blas, out, w->rows, x, T, w->rows, w->cols,
+        [&](float *o, const dol_f16 *xt, int nt) { return gemv(o, xt, nt, w, stream); },
+        [&](dol_f16 *t, int n0, int nr) { return dequant(t, w, n0, nr, stream); }, gemv_upto,
+        gemv_max_t, scheme, ws, ws_elems, stream, err, errlen);
 }
 
 #endif

@@ -25,7 +25,7 @@ stamp() { echo "   ($(( SECONDS - t_start )) s so far)"; }
 echo "== build (CUDA emulation, ASan + UBSan, $B)"
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Debug -DDOLPHIN_SANITIZE=ON -DDOLPHIN_CUDA=EMU >/dev/null
 cmake --build "$B" -j"$JOBS" --target dolphind test_cuda_kernels test_cuda_nf4 test_cuda_q8 test_cuda_quant_golden \
-  test_cuda_engine test_cuda_emu test_cuda_placement test_cuda_gguf
+  test_cuda_engine test_cuda_emu test_cuda_placement test_cuda_gguf test_cuda_blocks
 stamp
 
 echo "== CUDA tests under the emulation (ctest -L cuda, threads in forward order)"

@@ -57,6 +57,18 @@ MUTANTS = [
      "const float wl = lut[byte & 15u], wh = lut[byte >> 4];",
      "const float wl = lut[byte >> 4], wh = lut[byte & 15u];",
      ["test_cuda_nf4"], "forward"),
+    ("block-type GEMV skips a row's last group", "kernels/ggml_blocks.cu",
+     "for (int g = threadIdx.x; g < groups; g += DOL_QUANT_THREADS) {",
+     "for (int g = threadIdx.x; g < groups - 1; g += DOL_QUANT_THREADS) {",
+     ["test_cuda_blocks"], "forward"),
+    ("block-type dequantization off by one block", "kernels/ggml_blocks.cu",
+     "const uint8_t *b = w + (size_t)(row0 + r) * row_bytes + (size_t)(k / block) * block_bytes;",
+     "const uint8_t *b = w + (size_t)(row0 + r) * row_bytes + (size_t)((k + 1) / block) * block_bytes;",
+     ["test_cuda_blocks"], "forward"),
+    ("fused block-type parts written at the wrong columns", "src/engine/cuda_engine.c",
+     "if (dol_cuda_blk_matmul(e->blas, out + p->row0, w->N,",
+     "if (dol_cuda_blk_matmul(e->blas, out, w->N,",
+     ["test_cuda_gguf"], "forward"),
     ("launch of 2048 threads per block", "kernels/launch.h",
      "return dol_cuda_cfg_plain(d >= 2048 ? 512 : 256);",
      "return dol_cuda_cfg_plain(d >= 2048 ? 2048 : 256);",
@@ -71,7 +83,7 @@ MUTANTS = [
      ["test_cuda_engine"], "forward"),
 ]
 
-TESTS = ["test_cuda_kernels", "test_cuda_nf4", "test_cuda_engine"]
+TESTS = ["test_cuda_kernels", "test_cuda_nf4", "test_cuda_engine", "test_cuda_blocks", "test_cuda_gguf"]
 
 
 def sh(cmd, **kw):

@@ -74,6 +74,11 @@ int main(int argc, char **argv)
         put("dol_q8_gemv_kernel", t, dol_cuda_cfg_quant_gemv());
         put("dol_q8_gemv_any_kernel", t, dol_cuda_cfg_quant_gemv());
     }
+    /* the block-type decode kernel, one instance per GGUF type (its template
+     * argument: the dol_dtype, Q8_0 = 3 .. Q6_K = 12, include/dolphin/model.h) */
+    for (int ty = 3; ty <= 12; ty++) put("dol_blk_gemv_kernel", ty, dol_cuda_cfg_quant_gemv());
+    put("dol_blk_dequant_kernel", 0, dol_cuda_cfg_dequant());
+    put("dol_blk_embedding_kernel", 0, dol_cuda_cfg_embedding(d));
     put("dol_nf4_dequant_kernel", 0, dol_cuda_cfg_dequant());
     put("dol_q8_dequant_kernel", 0, dol_cuda_cfg_dequant());
     return 0;

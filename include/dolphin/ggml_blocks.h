@@ -47,8 +47,10 @@
 
 #include "dolphin/model.h"
 
-#if defined(__CUDACC__) || defined(DOLPHIN_CUDA_EMU_KERNEL)
+#if defined(__CUDACC__)
 #define DOL_HD __host__ __device__ __forceinline__
+#elif defined(DOL_CUDA_EMU) /* the kernels as host C++ (emu/cuda_emu.h) */
+#define DOL_HD __device__ __forceinline__
 #else
 #define DOL_HD static inline
 #endif

@@ -14,7 +14,11 @@
  * that dequantizes in registers for a few rows, dequantized FP16 tiles and
  * cuBLAS for more). With weights int8 the same matrices are Q8_0 (int8
  * quants + F16 block scales, src/engine/q8.c) and go through kernels/q8.cu
- * the same two ways. The residual stream, Q, RoPE,
+ * the same two ways. The tensors of a GGUF file in a block type (Q8_0 ..
+ * Q6_K) are held as the file stores them and go through kernels/
+ * ggml_blocks.cu the same two ways; a fused matrix (QKV, gate|up) whose
+ * tensors have different types is held part by part (docs/cuda.md). The
+ * residual stream, Q, RoPE,
  * softmax and norms in FP32; the inputs of the products (normed activations,
  * attention output, SiLU·up) rounded to FP16; the KV cache in FP16.
  *
@@ -72,19 +76,32 @@ int dol_cuda_utilization(int *percent)
 _Static_assert(DOL_CUDA_NF4_BLOCK == DOL_NF4_BLOCK, "kernels and nf4.c disagree on the NF4 block");
 _Static_assert(DOL_CUDA_Q8_BLOCK == DOL_Q8_BLOCK, "kernels and q8.c disagree on the Q8_0 block");
 _Static_assert(DOL_CUDA_Q8_GEMV_UPTO == DOL_CUDA_NF4_GEMV_UPTO, "one dequantization workspace rule");
+_Static_assert(DOL_CUDA_BLK_GEMV_UPTO == DOL_CUDA_NF4_GEMV_UPTO, "one dequantization workspace rule");
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 static int g_cuda_dev; /* the device in use, for the utilisation probe */
 
+/* Rows row0 .. row0 + rows - 1 of a linear matrix held part by part: FP16,
+ * or (f16 == NULL) a GGUF block type as the file stores it. */
+typedef struct {
+    int row0, rows;
+    dol_f16 *f16;
+    dol_cuda_blk blk;
+} cu_part;
+
 /* A linear layer on the device, W [N][K]: FP16, or (f16 == NULL) NF4 codes
- * and scales, or (f16 == NULL and is_q8) Q8_0 quants and scales. */
+ * and scales, or (f16 == NULL and is_q8) Q8_0 quants and scales, or
+ * (n_parts > 0: a source tensor of a GGUF block type) one part per source
+ * tensor (q | k | v, gate | up), each in its own type. */
 typedef struct {
     int N, K;
     dol_f16 *f16;
     dol_cuda_nf4 nf4;
     bool is_q8;
     dol_cuda_q8 q8;
+    int n_parts;
+    cu_part part[3];
 } cu_linear;
 
 typedef struct {
@@ -114,11 +131,13 @@ typedef struct {
     size_t weight_bytes;
     bool nf4, nf4_head;          /* weights nf4: the layers' linear matrices, lm_head */
     bool q8, q8_head;            /* weights int8: the same */
+    bool blk;                    /* a weight of this range is in a GGUF block type */
     int n_threads;               /* host threads for load-time quantization */
     dol_quant_stats qs;
 
     cu_layer *L;
     dol_f16 *embed;
+    dol_cuda_blk embed_blk;      /* the embedding in a GGUF block type (embed NULL) */
     cu_linear lm_head;           /* FP16 and sharing embed when tied and not NF4 */
     float *final_norm;
     float *rope_cos, *rope_sin;  /* [ctx][hd/2] */
@@ -256,6 +275,19 @@ static int up_f16(uploader *u, dol_f16 *dst, const dol_tensor *t, char *err, siz
     return 0;
 }
 
+/* bytes at src (a GGUF block tensor, as stored) to dst. */
+static int up_raw(uploader *u, void *dst, const void *src, size_t bytes, char *err, size_t errlen)
+{
+    for (size_t off = 0; off < bytes; off += STAGE_BYTES) {
+        const size_t n = bytes - off < STAGE_BYTES ? bytes - off : STAGE_BYTES;
+        void *h = up_next(u, err, errlen);
+        if (!h) return -1;
+        memcpy(h, (const char *)src + off, n);
+        if (up_send(u, (char *)dst + off, n, err, errlen)) return -1;
+    }
+    return 0;
+}
+
 /* A weight quantization scheme as the upload sees it: the host quantizer
  * (nf4.c, q8.c) into a weight array and an F16 scale array, and their sizes. */
 typedef struct {
@@ -348,6 +380,17 @@ static int up_q8(cuda_engine *e, uploader *u, dol_pool *pool, const dol_cuda_q8 
 static int up_linear(cuda_engine *e, uploader *u, dol_pool *pool, const cu_linear *dst, int64_t row0,
                      const dol_tensor *t, const char *what, char *err, size_t errlen)
 {
+    for (int i = 0; i < dst->n_parts; i++) {
+        const cu_part *p = &dst->part[i];
+        if (p->row0 != row0) continue;
+        if (p->f16) return up_f16(u, p->f16, t, err, errlen);
+        return up_raw(u, (void *)p->blk.data, t->data, dol_tensor_bytes(t), err, errlen);
+    }
+    if (dst->n_parts) {
+        dol_set_err(err, errlen, "cuda: %s: no part of its matrix starts at row %lld", what,
+                    (long long)row0);
+        return -1;
+    }
     if (dst->f16) return up_f16(u, dst->f16 + (size_t)row0 * (size_t)dst->K, t, err, errlen);
     if (dst->is_q8) return up_q8(e, u, pool, &dst->q8, row0, t, what, err, errlen);
     return up_nf4(e, u, pool, &dst->nf4, row0, t, what, err, errlen);
@@ -377,26 +420,64 @@ static size_t held_bytes(size_t rows, size_t cols, bool nf4, bool q8)
     return nf4 ? dol_nf4_bytes((int64_t)rows, (int64_t)cols) : rows * cols * sizeof(dol_f16);
 }
 
+static bool any_block(const dol_tensor *const *src, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (dol_dtype_is_block(src[i]->dtype)) return true;
+    return false;
+}
+
+/* A linear matrix made of the n source tensors (rows stacked) as held:
+ * with a block-type source, each part as stored (block types) or FP16;
+ * otherwise in the engine's format (held_bytes). */
+static size_t matrix_bytes(const dol_tensor *const *src, int n, bool nf4, bool q8)
+{
+    const bool blk = any_block(src, n);
+    size_t b = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t rows = (size_t)src[i]->rows, cols = (size_t)src[i]->cols;
+        if (!blk) b += held_bytes(rows, cols, nf4, q8);
+        else if (dol_dtype_is_block(src[i]->dtype)) b += dol_tensor_bytes(src[i]);
+        else b += rows * cols * sizeof(dol_f16);
+    }
+    return b;
+}
+
+/* The four linear matrices of layer s as lists of source tensors. */
+typedef struct {
+    const dol_tensor *src[4][3];
+    int n[4];
+} layer_srcs;
+
+static layer_srcs srcs_of(const dol_layer_weights *s)
+{
+    layer_srcs r = { { { &s->q, &s->k, &s->v }, { &s->o }, { &s->gate, &s->up }, { &s->down } },
+                     { 3, 1, 2, 1 } };
+    return r;
+}
+
 /* Every weight as held on the device; fills the size fields of e->qs. */
 static size_t linear_weight_bytes(cuda_engine *e, const dol_model *m)
 {
     const dol_model_config *c = &e->c;
-    const size_t d = (size_t)c->hidden_size, f = (size_t)c->intermediate_size;
-    const size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
-    const size_t V = (size_t)c->vocab_size;
-    const size_t shapes[7][2] = { { q, d }, { kv, d }, { kv, d }, { d, q }, { f, d }, { f, d }, { d, f } };
-    size_t per_layer = 2 * d * sizeof(float), per_layer_f16 = 0;
-    for (int i = 0; i < 7; i++) {
-        per_layer += held_bytes(shapes[i][0], shapes[i][1], e->nf4, e->q8);
-        per_layer_f16 += held_bytes(shapes[i][0], shapes[i][1], false, false);
+    const size_t d = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
+    size_t lin = 0, lin_f16 = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const layer_srcs ls = srcs_of(&m->layers[e->l0 + l]);
+        for (int i = 0; i < 4; i++) {
+            lin += matrix_bytes(ls.src[i], ls.n[i], e->nf4, e->q8);
+            for (int k = 0; k < ls.n[i]; k++)
+                lin_f16 += (size_t)(ls.src[i][k]->rows * ls.src[i][k]->cols) * sizeof(dol_f16);
+        }
     }
     const bool tied = m->lm_head.data == m->embed.data;
-    const size_t head = e->has_head ? held_bytes(V, d, e->nf4_head, e->q8_head) : 0;
-    e->qs.linear_bytes = (per_layer - 2 * d * sizeof(float)) * (size_t)c->n_layers + head;
-    e->qs.linear_f16_bytes = per_layer_f16 * (size_t)c->n_layers +
-                             (e->has_head ? held_bytes(V, d, false, false) : 0);
-    size_t b = per_layer * (size_t)c->n_layers;
-    if (e->has_embed) b += V * d * sizeof(dol_f16); /* embedding */
+    const dol_tensor *head_src = &m->lm_head;
+    const size_t head = e->has_head ? matrix_bytes(&head_src, 1, e->nf4_head, e->q8_head) : 0;
+    e->qs.linear_bytes = lin + head;
+    e->qs.linear_f16_bytes = lin_f16 + (e->has_head ? V * d * sizeof(dol_f16) : 0);
+    size_t b = lin + 2 * d * sizeof(float) * (size_t)c->n_layers; /* + the norms */
+    if (e->has_embed) /* embedding: FP16, or a block type as stored */
+        b += dol_dtype_is_block(m->embed.dtype) ? dol_tensor_bytes(&m->embed) : V * d * sizeof(dol_f16);
     if (!(tied && e->has_embed) || e->nf4_head || e->q8_head) b += head;
     if (e->has_head) b += d * sizeof(float);       /* final norm */
     return b;
@@ -467,6 +548,45 @@ static int alloc_linear(cuda_engine *e, cu_linear *w, int N, int K, bool nf4, bo
     return 0;
 }
 
+/* The device view of a block-type tensor t whose bytes are (or will be) at
+ * data. */
+static dol_cuda_blk blk_of(const void *data, const dol_tensor *t)
+{
+    return (dol_cuda_blk){ .data = data, .type = (int)t->dtype, .rows = (int)t->rows,
+                           .cols = (int)t->cols, .block = dol_dtype_block(t->dtype),
+                           .block_bytes = (int)dol_dtype_block_bytes(t->dtype),
+                           .row_bytes = dol_dtype_row_bytes(t->dtype, t->cols) };
+}
+
+/* Device memory for the linear matrix made of the n source tensors (rows
+ * stacked): with a block-type source, one part per tensor (block types as
+ * stored, the others FP16); otherwise alloc_linear in the engine's format. */
+static int alloc_matrix(cuda_engine *e, cu_linear *w, const dol_tensor *const *src, int n,
+                        bool nf4, bool q8, char *err, size_t errlen)
+{
+    int N = 0;
+    for (int i = 0; i < n; i++) N += (int)src[i]->rows;
+    if (!any_block(src, n)) return alloc_linear(e, w, N, (int)src[0]->cols, nf4, q8, err, errlen);
+    memset(w, 0, sizeof *w);
+    w->K = (int)src[0]->cols;
+    for (int i = 0; i < n; i++) {
+        cu_part *p = &w->part[i];
+        p->row0 = w->N;
+        p->rows = (int)src[i]->rows;
+        w->N += p->rows;
+        if (dol_dtype_is_block(src[i]->dtype)) {
+            void *d = NULL;
+            if (dalloc(e, &d, dol_tensor_bytes(src[i]), "weights", err, errlen)) return -1;
+            p->blk = blk_of(d, src[i]);
+        } else if (dalloc(e, &p->f16, (size_t)p->rows * (size_t)w->K * sizeof(dol_f16), "weights",
+                          err, errlen)) {
+            return -1;
+        }
+    }
+    w->n_parts = n;
+    return 0;
+}
+
 /* Load progress of one instance: a tensor's checkpoint pages are dropped
  * (dol_model_release) once up_* returns, since by then its bytes are in a
  * pinned buffer, so the host holds the weights once (the device copy) and
@@ -476,10 +596,7 @@ typedef struct {
     double t0, last_log;
 } up_progress;
 
-static size_t tensor_bytes(const dol_tensor *t)
-{
-    return (size_t)(t->rows * t->cols) * dol_dtype_size(t->dtype);
-}
+static size_t tensor_bytes(const dol_tensor *t) { return dol_tensor_bytes(t); }
 
 static size_t layer_bytes(const dol_layer_weights *s)
 {
@@ -516,23 +633,35 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
     if (!e->L) { dol_set_err(err, errlen, "engine: out of memory"); return -1; }
     for (int l = 0; l < c->n_layers; l++) {
         cu_layer *w = &e->L[l];
+        const layer_srcs ls = srcs_of(&m->layers[e->l0 + l]);
+        cu_linear *mat[4] = { &w->qkv, &w->o, &w->gu, &w->down };
         if (dalloc(e, &w->attn_norm, d * sizeof(float), "weights", err, errlen) ||
-            dalloc(e, &w->ffn_norm, d * sizeof(float), "weights", err, errlen) ||
-            alloc_linear(e, &w->qkv, e->qkv_dim, e->d, e->nf4, e->q8, err, errlen) ||
-            alloc_linear(e, &w->o, e->d, e->q_dim, e->nf4, e->q8, err, errlen) ||
-            alloc_linear(e, &w->gu, 2 * e->f, e->d, e->nf4, e->q8, err, errlen) ||
-            alloc_linear(e, &w->down, e->d, e->f, e->nf4, e->q8, err, errlen))
+            dalloc(e, &w->ffn_norm, d * sizeof(float), "weights", err, errlen))
             return -1;
+        for (int i = 0; i < 4; i++)
+            if (alloc_matrix(e, mat[i], ls.src[i], ls.n[i], e->nf4, e->q8, err, errlen)) return -1;
     }
-    if ((e->has_embed && dalloc(e, &e->embed, (size_t)e->V * d * sizeof(dol_f16), "weights", err, errlen)) ||
-        (e->has_head && dalloc(e, &e->final_norm, d * sizeof(float), "weights", err, errlen)))
+    const bool embed_blk = dol_dtype_is_block(m->embed.dtype);
+    if (e->has_embed && embed_blk) {
+        void *p = NULL;
+        if (dalloc(e, &p, dol_tensor_bytes(&m->embed), "weights", err, errlen)) return -1;
+        e->embed_blk = blk_of(p, &m->embed);
+    } else if (e->has_embed &&
+               dalloc(e, &e->embed, (size_t)e->V * d * sizeof(dol_f16), "weights", err, errlen)) {
+        return -1;
+    }
+    if (e->has_head && dalloc(e, &e->final_norm, d * sizeof(float), "weights", err, errlen))
         return -1;
     /* a tied lm_head shares the embedding when both are here */
     bool tied = m->lm_head.data == m->embed.data && e->has_embed;
+    const dol_tensor *head_src = &m->lm_head;
     if (!e->has_head) e->lm_head = (cu_linear){ 0 };
+    else if (tied && embed_blk)
+        e->lm_head = (cu_linear){ .N = e->V, .K = e->d, .n_parts = 1,
+                                  .part = { { .row0 = 0, .rows = e->V, .blk = e->embed_blk } } };
     else if (tied && !e->nf4_head && !e->q8_head)
         e->lm_head = (cu_linear){ .N = e->V, .K = e->d, .f16 = e->embed };
-    else if (alloc_linear(e, &e->lm_head, e->V, e->d, e->nf4_head, e->q8_head, err, errlen))
+    else if (alloc_matrix(e, &e->lm_head, &head_src, 1, e->nf4_head, e->q8_head, err, errlen))
         return -1;
 
     const size_t T = (size_t)e->max_T;
@@ -605,7 +734,7 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
     pr.last_log = pr.t0;
     for (int l = 0; l < c->n_layers; l++) pr.total += layer_bytes(&m->layers[e->l0 + l]);
     if (e->has_embed) pr.total += tensor_bytes(&m->embed);
-    const bool head_upload = e->has_head && (!tied || e->nf4_head || e->q8_head);
+    const bool head_upload = e->has_head && (!tied || (!embed_blk && (e->nf4_head || e->q8_head)));
     if (head_upload) pr.total += tensor_bytes(&m->lm_head);
     if (e->has_head) pr.total += tensor_bytes(&m->final_norm);
     if (c->n_layers > 0) prefetch_layer(m, &m->layers[e->l0]);
@@ -638,7 +767,9 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
     }
     if (rc == 0 && e->has_embed) {
         if (head_upload) dol_model_prefetch(m, &m->lm_head);
-        rc = up_f16(&u, e->embed, &m->embed, err, errlen);
+        rc = embed_blk ? up_raw(&u, (void *)e->embed_blk.data, m->embed.data,
+                                dol_tensor_bytes(&m->embed), err, errlen)
+                       : up_f16(&u, e->embed, &m->embed, err, errlen);
         if (rc == 0) up_done(&pr, m, &m->embed);
     }
     if (rc == 0 && head_upload) {
@@ -703,6 +834,23 @@ static int cuda_setup(cuda_engine *e, const dol_model *m, const dol_engine_param
     e->nf4_head = e->nf4 && p->quantize_lm_head;
     e->q8 = p->weights == DOL_WEIGHTS_INT8;
     e->q8_head = e->q8 && p->quantize_lm_head;
+    /* GGUF block types are held as stored; weights: applies to the others */
+    size_t blk_most = 0; /* the largest block-type part, in weights */
+    for (int l = r->l0; l < r->l1; l++) {
+        const layer_srcs ls = srcs_of(&m->layers[l]);
+        for (int i = 0; i < 4; i++)
+            for (int k = 0; k < ls.n[i]; k++)
+                if (dol_dtype_is_block(ls.src[i][k]->dtype)) {
+                    const size_t n = (size_t)(ls.src[i][k]->rows * ls.src[i][k]->cols);
+                    blk_most = n > blk_most ? n : blk_most;
+                }
+    }
+    if (r->head && dol_dtype_is_block(m->lm_head.dtype)) {
+        e->nf4_head = e->q8_head = false;
+        const size_t n = (size_t)(m->lm_head.rows * m->lm_head.cols);
+        blk_most = n > blk_most ? n : blk_most;
+    }
+    e->blk = blk_most > 0 || (r->embed && dol_dtype_is_block(m->embed.dtype));
     e->n_threads = p->n_threads > 0 ? p->n_threads : 1;
     e->max_T = p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048;
     const int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
@@ -715,7 +863,8 @@ static int cuda_setup(cuda_engine *e, const dol_model *m, const dol_engine_param
         e->split_len = (int)align_up((size_t)((ctx + SPLITS_MAX - 1) / SPLITS_MAX), 32);
     e->n_splits = (ctx + e->split_len - 1) / e->split_len;
     e->block_elems = (int64_t)e->c.n_layers * 2 * bs * e->kv_dim;
-    if ((e->nf4 || e->nf4_head || e->q8 || e->q8_head) && e->max_T > DOL_CUDA_NF4_GEMV_UPTO) {
+    if ((e->nf4 || e->nf4_head || e->q8 || e->q8_head || blk_most > 0) &&
+        e->max_T > DOL_CUDA_NF4_GEMV_UPTO) {
         /* the dequantized tile: the largest quantized matrix, at most NF4_WS_ELEMS */
         size_t most = 0;
         if (e->nf4 || e->q8) {
@@ -724,6 +873,7 @@ static int cuda_setup(cuda_engine *e, const dol_model *m, const dol_engine_param
             for (int i = 0; i < 4; i++) most = sizes[i] > most ? sizes[i] : most;
         }
         if ((e->nf4_head || e->q8_head) && (size_t)e->V * e->d > most) most = (size_t)e->V * e->d;
+        if (blk_most > most) most = blk_most;
         e->nf4_ws_elems = most < NF4_WS_ELEMS ? most : NF4_WS_ELEMS;
     }
     plan_meta(e);
@@ -855,10 +1005,13 @@ static int cuda_create_range(const dol_model *m, const dol_engine_params *p, int
     e->n_blocks = (int)blocks;
     if (alloc_and_upload(e, m, err, errlen) != 0) goto fail;
     dol_log(DOL_LOG_INFO, "cuda_ready",
-            "device=%d blocks=%d..%d weights=%s lm_head=%s weights_mib=%.0f workspace_mib=%.0f kv_blocks=%d "
+            "device=%d blocks=%d..%d weights=%s%s lm_head=%s weights_mib=%.0f workspace_mib=%.0f kv_blocks=%d "
             "kv_mib=%.0f budget_mib=%.0f graphs=%d",
             e->dev, e->l0, e->l0 + e->c.n_layers - 1, e->nf4 ? "nf4" : e->q8 ? "int8" : "f16",
-            e->nf4_head ? "nf4" : e->q8_head ? "int8" : "f16", MIB(e->weight_bytes),
+            e->blk ? "+gguf_blocks" : "",
+            e->nf4_head ? "nf4" : e->q8_head ? "int8"
+                        : e->lm_head.n_parts ? dol_dtype_name((dol_dtype)e->lm_head.part[0].blk.type) : "f16",
+            MIB(e->weight_bytes),
             MIB(workspace_bytes(e)), e->n_blocks,
             MIB((double)e->n_blocks * block_bytes), MIB(frac * (double)total), e->graphs_on ? 1 : 0);
     *n_blocks = e->n_blocks;
@@ -979,6 +1132,23 @@ static void cuda_copy_block(void *impl, int32_t src, int32_t dst, int rows)
 static int linear(cuda_engine *e, float *out, const dol_f16 *x, int T, const cu_linear *w,
                   char *err, size_t errlen)
 {
+    if (w->n_parts) { /* each part into its columns of out (row stride N) */
+        const float alpha = 1.0f, beta = 0.0f;
+        for (int i = 0; i < w->n_parts; i++) {
+            const cu_part *p = &w->part[i];
+            if (!p->f16) {
+                if (dol_cuda_blk_matmul(e->blas, out + p->row0, w->N, x, T, &p->blk, e->nf4_ws,
+                                        e->nf4_ws_elems, e->stream, err, errlen) != 0)
+                    return -1;
+                continue;
+            }
+            CUBLAS_CHECK(cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, p->rows, T, w->K, &alpha,
+                                      p->f16, CUDA_R_16F, w->K, x, CUDA_R_16F, w->K, &beta,
+                                      out + p->row0, CUDA_R_32F, w->N, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+        }
+        return 0;
+    }
     if (w->is_q8)
         return dol_cuda_q8_matmul(e->blas, out, x, T, &w->q8, e->nf4_ws, e->nf4_ws_elems,
                                   e->stream, err, errlen);
@@ -1004,7 +1174,10 @@ static int enqueue_step(cuda_engine *e, int T, int n_dec, int n_tiles, int R, ch
     const int32_t *md = e->meta_d;
     const int32_t *ids = md + e->off_id, *pos = md + e->off_pos, *item = md + e->off_item;
     const int d = e->d, f = e->f;
-    if (e->has_embed) CUDA_CHECK(dol_cuda_embedding(e->x, e->embed, ids, T, d, s));
+    if (e->has_embed && e->embed_blk.data)
+        CUDA_CHECK(dol_cuda_blk_embedding(e->x, &e->embed_blk, ids, T, s));
+    else if (e->has_embed)
+        CUDA_CHECK(dol_cuda_embedding(e->x, e->embed, ids, T, d, s));
     for (int l = 0; l < c->n_layers; l++) {
         const cu_layer *w = &e->L[l];
         const dol_cuda_kv kv = kv_view(e, l);

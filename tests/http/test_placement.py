@@ -19,7 +19,7 @@ import time
 import pytest
 import requests
 
-from dolphin_server import BIN, Dolphind, model_dir
+from dolphin_server import BIN, Dolphind, golden, gguf_file, model_dir
 from test_scheduler import all_at_once, invariance_cases, text_of
 
 pytestmark = pytest.mark.skipif(os.environ.get("DOLPHIN_TEST_PLACEMENT") != "1",
@@ -104,6 +104,34 @@ def test_placement(name):
             assert cpu["used_bytes"] == 0 and cpu["total_bytes"] > 0, h
             assert metric_lines(srv, "dolphin_device_memory_per_device_used_bytes")["cpu"] == 0
         assert requests.get(srv.url + "/healthz", timeout=30).status_code == 200, kv
+    finally:
+        srv.stop()
+
+
+def test_placement_gguf_block_types():
+    """A GGUF file in block types (k256 Q4_K_M: Q4_K layers with Q6_K parts)
+    over two devices and the CPU: every range holds its blocks as stored (the
+    bytes logged are about the file's), and the greedy ids equal the float64
+    reference's up to the first step whose margin is below 5e-2."""
+    path = gguf_file("k256-Q4_K_M.gguf")
+    entry = golden("gguf-k256")["files"]["Q4_K_M"]
+    srv = Dolphind(str(path), ["--devices", "0,1", "--layer-split", "1,2", "--gpu-layers", "3"],
+                   threads=1)
+    try:
+        logged = {m.group(1): m.group(0) for m in
+                  re.finditer(r"event=placement device=(\S+) .*", srv.log())}
+        assert {d: int(re.search(r"n_blocks=(\d+)", l).group(1)) for d, l in logged.items()} == \
+            {"cuda:0": 1, "cuda:1": 2, "cpu": 1}, srv.log()
+        held = sum(int(re.search(r"weight_bytes=(\d+)", l).group(1)) for l in logged.values())
+        assert held < 1.1 * path.stat().st_size, srv.log()
+        for ref in entry["reference"]["cases"][:2]:
+            k = next((i for i, m in enumerate(ref["greedy_margins"]) if m < 5e-2),
+                     len(ref["greedy_ids"]))
+            n = min(ref["max_tokens"], MAX_TOKENS)
+            r = srv.complete({"model": srv.model, "prompt": ref["prompt"], "max_tokens": n,
+                              "temperature": 0, "return_token_ids": True})
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["token_ids"][:min(k, n)] == ref["greedy_ids"][:min(k, n)]
     finally:
         srv.stop()
 

@@ -28,43 +28,12 @@
 
 #define TEST_RNG_SEED 0x6A09E667F3BCC909ull
 #include "test_random.h"
+#include "test_ggml_random.h"
 
 static const dol_dtype TYPES[] = {DOL_DTYPE_Q8_0, DOL_DTYPE_Q4_0, DOL_DTYPE_Q4_1, DOL_DTYPE_Q5_0,
                                   DOL_DTYPE_Q5_1, DOL_DTYPE_Q2_K, DOL_DTYPE_Q3_K, DOL_DTYPE_Q4_K,
                                   DOL_DTYPE_Q5_K, DOL_DTYPE_Q6_K};
 #define N_TYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
-
-/* Byte offsets of the F16 scales in a block of t (ggml_blocks.h); -1 ends. */
-static void scale_offsets(dol_dtype t, int off[3])
-{
-    off[0] = off[1] = off[2] = -1;
-    switch (t) {
-    case DOL_DTYPE_Q4_1: case DOL_DTYPE_Q5_1: case DOL_DTYPE_Q4_K: case DOL_DTYPE_Q5_K:
-        off[0] = 0, off[1] = 2; break;
-    case DOL_DTYPE_Q2_K: off[0] = 80, off[1] = 82; break;
-    case DOL_DTYPE_Q3_K: off[0] = 108; break;
-    case DOL_DTYPE_Q6_K: off[0] = 208; break;
-    default: off[0] = 0; break;
-    }
-}
-
-/* rows x K weights of type t: random bytes, finite random scales. */
-static uint8_t *random_matrix(dol_dtype t, int rows, int K)
-{
-    const size_t rb = dol_dtype_row_bytes(t, K), bb = dol_dtype_block_bytes(t);
-    uint8_t *m = malloc(rb * (size_t)rows);
-    assert_non_null(m);
-    for (size_t i = 0; i < rb * (size_t)rows; i++) m[i] = (uint8_t)(uniform() * 256.0);
-    int off[3];
-    scale_offsets(t, off);
-    for (size_t b = 0; b < rb * (size_t)rows / bb; b++)
-        for (int i = 0; i < 3 && off[i] >= 0; i++) {
-            uint16_t h = dol_f32_to_f16(gaussian() * 0.02f);
-            m[b * bb + (size_t)off[i]] = (uint8_t)(h & 0xFF);
-            m[b * bb + (size_t)off[i] + 1] = (uint8_t)(h >> 8);
-        }
-    return m;
-}
 
 /* Row r of the matrix through dol_blk_weight. */
 static void reference_row(dol_dtype t, const uint8_t *m, int r, int K, float *out)
