@@ -203,5 +203,5 @@ extern "C" int dol_cuda_blk_matmul(cublasHandle_t blas, float *out, int ldo, con
         blas, out, ldo, x, T, W->rows, W->cols,
         [&](float *o, const dol_f16 *xt, int nt) { return dol_cuda_blk_gemv(o, ldo, xt, nt, W, stream); },
         [&](dol_f16 *wt, int n0, int nr) { return dol_cuda_blk_dequant(wt, W, n0, nr, stream); },
-        DOL_CUDA_BLK_GEMV_UPTO, DOL_CUDA_BLK_GEMV_MAX_T, "GGUF block", ws, ws_elems, stream, err, errlen);
+        DOL_CUDA_BLK_GEMV_UPTO, DOL_CUDA_BLK_GEMV_MAX_T, "GGUF block", ws, ws_elems, err, errlen);
 }

@@ -171,15 +171,15 @@ static inline unsigned dol_quant_dequant_blocks(size_t n)
  * T <= gemv_upto through gemv(out, x, nt) in launches of up to gemv_max_t
  * rows; more rows through tiles of ws_elems / K rows of W dequantized to FP16
  * in ws by dequant(ws, n0, nr) and cublasGemmEx (FP16 inputs, FP32
- * accumulation and output), tile after tile on `stream`. 0, or -1 with one
+ * accumulation and output), tile after tile on the stream the launchers and
+ * blas are bound to. 0, or -1 with one
  * line in err naming `scheme`. */
 template <typename Gemv, typename Dequant>
 static int dol_quant_matmul_ld(cublasHandle_t blas, float *out, int ldo, const dol_f16 *x, int T,
                                int N, int K, Gemv &&gemv, Dequant &&dequant, int gemv_upto,
                                int gemv_max_t, const char *scheme, dol_f16 *ws, size_t ws_elems,
-                               cudaStream_t stream, char *err, size_t errlen)
+                               char *err, size_t errlen)
 {
-    (void)stream;
     if (T <= 0 || N <= 0) return 0;
     if (T <= gemv_upto) {
         for (int t0 = 0; t0 < T; t0 += gemv_max_t) {
@@ -222,7 +222,7 @@ static int dol_quant_matmul(cublasHandle_t blas, float *out, const dol_f16 *x, i
         blas, out, w->rows, x, T, w->rows, w->cols,
         [&](float *o, const dol_f16 *xt, int nt) { return gemv(o, xt, nt, w, stream); },
         [&](dol_f16 *t, int n0, int nr) { return dequant(t, w, n0, nr, stream); }, gemv_upto,
-        gemv_max_t, scheme, ws, ws_elems, stream, err, errlen);
+        gemv_max_t, scheme, ws, ws_elems, err, errlen);
 }
 
 #endif

@@ -596,14 +596,12 @@ typedef struct {
     double t0, last_log;
 } up_progress;
 
-static size_t tensor_bytes(const dol_tensor *t) { return dol_tensor_bytes(t); }
-
 static size_t layer_bytes(const dol_layer_weights *s)
 {
     const dol_tensor *t[9] = { &s->attn_norm, &s->ffn_norm, &s->q,  &s->k,   &s->v,
                                &s->o,         &s->gate,     &s->up, &s->down };
     size_t n = 0;
-    for (int i = 0; i < 9; i++) n += tensor_bytes(t[i]);
+    for (int i = 0; i < 9; i++) n += dol_tensor_bytes(t[i]);
     return n;
 }
 
@@ -616,7 +614,7 @@ static void prefetch_layer(const dol_model *m, const dol_layer_weights *s)
 static void up_done(up_progress *pr, const dol_model *m, const dol_tensor *t)
 {
     pr->released += dol_model_release(m, t);
-    pr->done += tensor_bytes(t);
+    pr->done += dol_tensor_bytes(t);
     const double now = dol_now_ms();
     if (now - pr->last_log >= 1000.0 && pr->done < pr->total) {
         dol_log(DOL_LOG_INFO, "weights_loading", "bytes_done=%zu bytes_total=%zu mb_s=%.0f",
@@ -733,10 +731,10 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
     up_progress pr = { .t0 = dol_now_ms() };
     pr.last_log = pr.t0;
     for (int l = 0; l < c->n_layers; l++) pr.total += layer_bytes(&m->layers[e->l0 + l]);
-    if (e->has_embed) pr.total += tensor_bytes(&m->embed);
+    if (e->has_embed) pr.total += dol_tensor_bytes(&m->embed);
     const bool head_upload = e->has_head && (!tied || (!embed_blk && (e->nf4_head || e->q8_head)));
-    if (head_upload) pr.total += tensor_bytes(&m->lm_head);
-    if (e->has_head) pr.total += tensor_bytes(&m->final_norm);
+    if (head_upload) pr.total += dol_tensor_bytes(&m->lm_head);
+    if (e->has_head) pr.total += dol_tensor_bytes(&m->final_norm);
     if (c->n_layers > 0) prefetch_layer(m, &m->layers[e->l0]);
     int rc = up_init(&u, e->stream, err, errlen);
     for (int l = 0; rc == 0 && l < c->n_layers; l++) {
