@@ -44,7 +44,8 @@ static int usage(void)
             "                    [--decode N] [--batches 1,8] [--repeat ROUNDS]\n"
             "                    [--sweep A-B] [--sweep-out FILE] [--markdown]\n"
             "                    [--weights auto|f32|f16|nf4|int8] [--quantize-lm-head]\n"
-            "                    [--backend auto|cpu|cuda] [--no-batch-invariant]\n");
+            "                    [--backend auto|cpu|cuda] [--no-batch-invariant]\n"
+            "                    [--activations auto|f32|int8]\n");
     return 2;
 }
 
@@ -678,6 +679,7 @@ int main(int argc, char **argv)
     bool markdown = false, quantize_lm_head = false, fast_prefill = false;
     dol_weight_format wf = DOL_WEIGHTS_AUTO;
     dol_backend_kind backend = DOL_BACKEND_AUTO;
+    dol_activations act = DOL_ACT_AUTO;
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i];
         if (!strcmp(o, "--markdown")) { markdown = true; continue; }
@@ -705,6 +707,14 @@ int main(int argc, char **argv)
             else if (!strcmp(v, "auto")) wf = DOL_WEIGHTS_AUTO;
             else {
                 fprintf(stderr, "bench_engine: --weights: expected auto, f32, f16, nf4 or int8, got '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(o, "--activations")) {
+            if (!strcmp(v, "f32")) act = DOL_ACT_F32;
+            else if (!strcmp(v, "int8")) act = DOL_ACT_INT8;
+            else if (!strcmp(v, "auto")) act = DOL_ACT_AUTO;
+            else {
+                fprintf(stderr, "bench_engine: --activations: expected auto, f32 or int8, got '%s'\n", v);
                 return 2;
             }
         } else if (!strcmp(o, "--backend")) {
@@ -763,7 +773,7 @@ int main(int argc, char **argv)
                              .kv_cache_tokens = kv_tokens, .max_seqs = max_b + 1,
                              .max_batch_tokens = max_tokens, .context_len = 0,
                              .weights = wf, .quantize_lm_head = quantize_lm_head,
-                             .fast_prefill = fast_prefill };
+                             .fast_prefill = fast_prefill, .activations = act };
     double t0 = dol_now_ms();
     dol_engine *e = NULL;
     if (dol_engine_create(m, &ep, &e, err, sizeof err) != 0) {
@@ -792,8 +802,10 @@ int main(int argc, char **argv)
     cpu_model_name(cpu, sizeof cpu);
     const char *fmt = format_name(wf, m, &qs);
     const char *be = dol_engine_backend_name(e);
-    char kernels[64] = "";
-    if (!strcmp(be, "cpu")) snprintf(kernels, sizeof kernels, ", kernels %s", dol_engine_cpu_kernels());
+    char kernels[96] = "";
+    if (!strcmp(be, "cpu"))
+        snprintf(kernels, sizeof kernels, ", kernels %s, activations %s", dol_engine_cpu_kernels(),
+                 dol_engine_activations(e));
     char header[1024];
     snprintf(header, sizeof header,
              "%s | %s: %d layers, hidden %d, ffn %d, heads %d/%d kv, vocab %d, context %d | "

@@ -50,6 +50,7 @@ typedef struct {
     /* format and placement (inherited from the top level when not set) */
     dol_weight_format weights;
     bool quantize_lm_head;
+    dol_activations activations;
     dol_backend_kind backend;
     double gpu_memory_utilization;
     int context_len;
@@ -103,6 +104,8 @@ typedef struct {
     bool allow_host_spill;       /* default true: blocks that do not fit go to the CPU */
     dol_weight_format weights;   /* auto | f32 | f16 | nf4 | int8 (default auto) */
     bool quantize_lm_head;       /* weights nf4 / int8: quantize lm_head too (default false) */
+    dol_activations activations; /* auto | f32 | int8 (default auto): the CPU's
+                                    products over quantized weights */
     int context_len;             /* 0 = max_position_embeddings */
     char weights_cache_dir[1024];/* CPU: folder of the prepared-weights cache; default "" = off */
     /* default sampling values, used when a request leaves them out */

@@ -46,6 +46,21 @@ typedef enum {
                              registers and accumulate in F32. */
 } dol_weight_format;
 
+/* The arithmetic of the CPU's products over quantized weights
+ * (activations, docs/configuration.md; the design and the accuracy:
+ * docs/performance.md, "8-bit activations"). */
+typedef enum {
+    DOL_ACT_AUTO = 0,         /* F32 for now: the int8 kernels are not yet ahead
+                                 on every figure (docs/performance.md,
+                                 "8-bit activations") */
+    DOL_ACT_F32,              /* the exact products: F32 activations times the
+                                 dequantized weights */
+    DOL_ACT_INT8,             /* each row of x quantized to int8 in blocks of 32
+                                 (scale absmax / 127) and integer dot products
+                                 (src/engine/cpu_i8.h); F32 on a CPU without an
+                                 int8 kernel set (one warning line) */
+} dol_activations;
+
 /* Which backend runs the forward pass. */
 typedef enum {
     DOL_BACKEND_AUTO = 0,     /* CUDA when built in and a device is usable, else CPU */
@@ -114,6 +129,10 @@ typedef struct {
                                  to sum |x w|), but outputs are no longer
                                  batch-invariant bit for bit.
                                  {0}: off (batch_invariant: true) */
+    dol_activations activations; /* CPU, quantized weights (NF4, INT8, GGUF's
+                                 block types): the products' arithmetic
+                                 ({0}: AUTO). F32/F16/BF16 weights and the
+                                 CUDA backend ignore it. */
     const char *weights_cache_dir; /* CPU: folder of the prepared-weights cache
                                  (docs/configuration.md); NULL or "" = off.
                                  Read during dol_engine_create only. The CUDA
@@ -138,6 +157,11 @@ const char *dol_engine_backend_name(const dol_engine *e);
  * "avx512", chosen from cpuid at the first call (or any CPU kernel use);
  * the environment variable DOLPHIN_CPU_KERNELS overrides the choice. */
 const char *dol_engine_cpu_kernels(void);
+/* The arithmetic of the engine's products over quantized weights:
+ * "int8" (8-bit activations, the CPU backend with quantized weights and an
+ * int8 kernel set), "f32" (the exact CPU products) or "f16" (CUDA's FP16
+ * activations). A static string; the engine's own thread or any other. */
+const char *dol_engine_activations(const dol_engine *e);
 /* Device memory of the backend in bytes (CUDA: cudaMemGetInfo; CPU: the KV
  * pool, so readiness logic is testable without a GPU). 0 / -1. */
 int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total);

@@ -114,6 +114,8 @@ typedef struct {
     int leases;                      /* requests holding it */
     int waiting;                     /* requests waiting for its load */
     const char *backend;             /* "cpu" | "cuda" once loaded, else NULL */
+    const char *activations;         /* dol_engine_activations once loaded, else the
+                                        configured choice ("auto", "f32", "int8") */
     const char *weights;             /* the weight format as held ("f32", "nf4", ...) */
     const char *file_format;         /* the checkpoint's: "safetensors" | "gguf"; NULL
                                       * until first loaded */

@@ -109,7 +109,7 @@ static const field FIELDS[] = {
       .metavar = "NAME", .help = "model id in the API; empty = the model directory's name" },
     { .name = "models", .type = F_MODELS, .def = "", .metavar = "LIST",
       .help = "several models (config file only): a list of {name, path, aliases, pinned, "
-              "weights, quantize_lm_head, backend, gpu_memory_utilization, context_len, "
+              "weights, quantize_lm_head, activations, backend, gpu_memory_utilization, context_len, "
               "weights_cache_dir}; "
               "see docs/configuration.md" },
     { .name = "max_loaded_models", .type = F_INT, AT(max_loaded_models), .min = 1,
@@ -151,6 +151,10 @@ static const field FIELDS[] = {
       .def = "auto", .help = "weight format; auto = f16 on CUDA, the checkpoint's own dtype (f32/f16/bf16) on the CPU" },
     { .name = "quantize_lm_head", .type = F_BOOL, AT(quantize_lm_head), .def = "false",
       .help = "with weights nf4 or int8, quantize lm_head too (default: kept in its 16/32 bits)" },
+    { .name = "activations", .type = F_ENUM, AT(activations), .choices = CHOICES("auto", "f32", "int8"),
+      .def = "auto", .help = "CPU, quantized weights: int8 = 8-bit activations and integer dot "
+                             "products, f32 = the exact products; auto = f32 for now "
+                             "(docs/performance.md)" },
     { .name = "context_len", .type = F_INT, AT(context_len), .min = 0, .max = NONE,
       .def = "0", .metavar = "N", .help = "context length; 0 = max_position_embeddings" },
     { .name = "weights_cache_dir", .type = F_STR, AT(weights_cache_dir), .def = "",
@@ -241,6 +245,8 @@ static const field MODEL_FIELDS[] = {
     { .name = "weights", .type = F_ENUM, MAT(weights),
       .choices = CHOICES("auto", "f32", "f16", "nf4", "int8"), .def = "auto" },
     { .name = "quantize_lm_head", .type = F_BOOL, MAT(quantize_lm_head), .def = "false" },
+    { .name = "activations", .type = F_ENUM, MAT(activations), .choices = CHOICES("auto", "f32", "int8"),
+      .def = "auto" },
     { .name = "backend", .type = F_ENUM, MAT(backend), .choices = CHOICES("auto", "cpu", "cuda"),
       .def = "auto" },
     { .name = "gpu_memory_utilization", .type = F_DOUBLE, MAT(gpu_memory_utilization),
@@ -257,6 +263,7 @@ static const field MODEL_FIELDS[] = {
 static const struct { const char *name; size_t top; } INHERITED[] = {
     { "weights", offsetof(dol_config, weights) },
     { "quantize_lm_head", offsetof(dol_config, quantize_lm_head) },
+    { "activations", offsetof(dol_config, activations) },
     { "backend", offsetof(dol_config, backend) },
     { "gpu_memory_utilization", offsetof(dol_config, gpu_memory_utilization) },
     { "context_len", offsetof(dol_config, context_len) },
@@ -270,13 +277,15 @@ static const struct { const char *name; size_t top; } INHERITED[] = {
 /* F_ENUM fields hold an int; their `choices` list the enum's values in order. */
 _Static_assert(sizeof(dol_backend_kind) == sizeof(int) && sizeof(dol_weight_format) == sizeof(int) &&
                sizeof(dol_batch_mode) == sizeof(int) && sizeof(dol_log_level) == sizeof(int) &&
-               sizeof(dol_kv_dtype) == sizeof(int),
+               sizeof(dol_kv_dtype) == sizeof(int) && sizeof(dol_activations) == sizeof(int),
                "F_ENUM stores an int");
 _Static_assert(DOL_BACKEND_AUTO == 0 && DOL_BACKEND_CPU == 1 && DOL_BACKEND_CUDA == 2,
                "backend choices are auto|cpu|cuda");
 _Static_assert(DOL_WEIGHTS_AUTO == 0 && DOL_WEIGHTS_F32 == 1 && DOL_WEIGHTS_F16 == 2 &&
                DOL_WEIGHTS_NF4 == 3 && DOL_WEIGHTS_INT8 == 4,
                "weights choices are auto|f32|f16|nf4|int8");
+_Static_assert(DOL_ACT_AUTO == 0 && DOL_ACT_F32 == 1 && DOL_ACT_INT8 == 2,
+               "activations choices are auto|f32|int8");
 _Static_assert(DOL_KV_AUTO == 0 && DOL_KV_F32 == 1 && DOL_KV_F16 == 2,
                "kv_cache_dtype choices are auto|f32|f16");
 _Static_assert(DOL_BATCH_CONTINUOUS == 0 && DOL_BATCH_STATIC == 1,

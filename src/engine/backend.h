@@ -64,6 +64,8 @@ typedef struct {
     void (*quant_stats)(void *impl, dol_quant_stats *out);
     size_t (*kv_bytes_per_token)(void *impl);
     int (*memory_info)(void *impl, size_t *used, size_t *total);
+    /* dol_engine_activations; NULL: "f16" for a backend named cuda, else "f32". */
+    const char *(*activations)(void *impl);
 
     /* Layer placement (src/engine/placement.c); NULL where a backend (the
      * scheduler tests' fake) only runs whole models. */

@@ -18,6 +18,7 @@
 #include <xxhash.h>
 
 #include "engine/cpu_amx.h"
+#include "engine/cpu_i8.h"
 #include "engine/cpu_kernels.h"
 #include "engine/cpu_ops.h"
 #include "engine/kv_blocks.h"
@@ -69,6 +70,8 @@ typedef struct {
     dol_wcache *wcache;       /* the prepared-weights cache file mapped, on a hit */
     dol_cpu_fast fast;        /* BF16x3 scratch (fast_prefill on an AMX CPU) */
     bool use_fast;
+    dol_i8_act xa;            /* x quantized for the 8-bit-activation products */
+    bool use_i8;              /* activations int8 (cpu_i8.h) */
     dol_quant_stats qs;       /* linear layers: formats, sizes, quantization time */
 
     /* paged KV cache: block b holds, for every layer l and KV head h, the
@@ -272,6 +275,9 @@ oom:
     return -1;
 }
 
+/* NF4, Q8_0 or a GGUF block type: the layers the 8-bit-activation products serve. */
+static bool is_quantized(const linear_w *w) { return w->nf4 || w->q8 || w->blk; }
+
 /* A linear layer as the fused products of cpu_ops.h read it (with the
  * BF16x3 scratch when fast_prefill is on). */
 static dol_cpu_weight weight_of(cpu_engine *e, const linear_w *w)
@@ -279,7 +285,8 @@ static dol_cpu_weight weight_of(cpu_engine *e, const linear_w *w)
     return (dol_cpu_weight){ w->w.data, w->w.dtype, w->nf4 ? &w->q : NULL, (int)w->w.rows,
                              (int)w->w.cols, w->packed, w->q8 ? &w->q8m : NULL,
                              e->use_fast ? &e->fast : NULL,
-                             w->blk ? dol_dtype_row_bytes(w->w.dtype, w->w.cols) : 0 };
+                             w->blk ? dol_dtype_row_bytes(w->w.dtype, w->w.cols) : 0,
+                             e->use_i8 && is_quantized(w) ? &e->xa : NULL };
 }
 
 /* One tensor of the load plan: a norm (to f32) or a linear layer. */
@@ -600,6 +607,46 @@ static void *xcalloc(size_t n, size_t sz, int *fail)
 
 static void cpu_destroy(void *impl);
 
+/* Whether any linear layer of this instance is quantized (NF4, Q8_0 or a
+ * GGUF block type): the layers the 8-bit-activation products serve. */
+static bool any_quantized(const cpu_engine *e)
+{
+    for (int l = 0; l < e->c.n_layers; l++) {
+        const layer_w *L = &e->L[l];
+        const linear_w *ws[7] = { &L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down };
+        for (int i = 0; i < 7; i++)
+            if (is_quantized(ws[i])) return true;
+    }
+    return e->has_head && is_quantized(&e->lm_head);
+}
+
+/* The activations setting resolved (dol_activations): int8 when asked,
+ * the weights are quantized and the CPU has an int8 kernel set; one log
+ * line says which path runs and why. -1 when out of memory. */
+static int choose_activations(cpu_engine *e, const dol_engine_params *p)
+{
+    const bool quantized = any_quantized(e);
+    const dol_cpu_i8 *s = dol_cpu_i8_get();
+    if (p->activations != DOL_ACT_INT8 || !quantized || !s) {
+        const char *why = p->activations == DOL_ACT_F32    ? "asked"
+                          : p->activations == DOL_ACT_AUTO ? "auto"
+                          : !quantized                     ? "weights_not_quantized"
+                                                           : "no_int8_kernels";
+        const bool warn = p->activations == DOL_ACT_INT8 && quantized;
+        dol_log(warn ? DOL_LOG_WARN : DOL_LOG_INFO, "cpu_activations", "activations=f32 reason=%s%s", why,
+                warn ? " asked=int8" : "");
+        return 0;
+    }
+    int kmax = e->c.hidden_size > e->q_dim ? e->c.hidden_size : e->q_dim;
+    if (e->c.intermediate_size > kmax) kmax = e->c.intermediate_size;
+    if (dol_cpu_i8_act_reserve(&e->xa, e->max_T, kmax) != 0) return -1;
+    e->use_i8 = true;
+    dol_log(DOL_LOG_INFO, "cpu_activations", "activations=int8 kernels=%s block=%d", s->name, DOL_I8_BLOCK);
+    return 0;
+}
+
+static const char *cpu_activations(void *impl) { return ((cpu_engine *)impl)->use_i8 ? "int8" : "f32"; }
+
 static int cpu_create_range(const dol_model *model, const dol_engine_params *p, int ctx, int bs,
                             const dol_layer_range *r, int *n_blocks, void **out, char *err,
                             size_t errlen)
@@ -715,6 +762,7 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
                     "batch_invariant=false reason=no_amx_bf16 (cpu or os); products stay exact");
         }
     }
+    if (choose_activations(e, p) != 0) goto oom;
     *n_blocks = e->n_blocks;
     *out = e;
     return 0;
@@ -746,6 +794,7 @@ static void cpu_destroy(void *impl)
     free(e->rope_sin);
     free(e->x); free(e->xb); free(e->q); free(e->k); free(e->v); free(e->att);
     dol_cpu_fast_free(&e->fast);
+    dol_cpu_i8_act_free(&e->xa);
     free(e->hb); free(e->hb2); free(e->logits_ws); free(e->scores);
     free(e->tok_run);
     free(e);
@@ -1119,5 +1168,6 @@ const dol_backend_ops dol_cpu_backend = {
     .quant_stats = cpu_quant_stats,
     .kv_bytes_per_token = cpu_kv_bytes_per_token,
     .memory_info = cpu_memory_info,
+    .activations = cpu_activations,
     .create_range = cpu_create_range,
 };

@@ -14,6 +14,7 @@
 
 #include "dolphin/log.h"
 #include "engine/cpu_amx.h"
+#include "engine/cpu_i8.h"
 #include "engine/cpu_kernels.h"
 
 #ifdef DOLPHIN_CPU_KERNELS_X86
@@ -138,6 +139,8 @@ typedef struct {
     float *acc;                 /* EPI_ADD: the residual stream; EPI_SWIGLU: h */
     float *const *rows;         /* EPI_SCATTER: where row t of the product goes */
     const uint16_t *xp;         /* non-NULL: x packed for the AMX products (cpu_amx.h) */
+    const dol_cpu_i8 *i8;       /* non-NULL: x quantized in xa, for the weights with i8 */
+    const dol_i8_act *xa;
 } fused_job;
 
 /* Rows of x from which an NF4 product dequantizes its weights once per
@@ -323,10 +326,65 @@ static int fast_rows(const fused_job *j, const dol_cpu_weight *w, float *out, in
     return 0;
 }
 
+/* ---- 8-bit activations (cpu_i8.h) ----------------------------------------- */
+
+static dol_dtype i8_format(const dol_cpu_weight *w)
+{
+    return w->nf4 ? DOL_I8_NF4 : w->q8 ? DOL_I8_Q8 : w->packed ? DOL_DTYPE_F32 : w->wtype;
+}
+
+static bool i8_weight_ok(const fused_job *j, const dol_cpu_weight *w)
+{
+    return w->i8 && dol_cpu_i8_takes(i8_format(w), j->K);
+}
+
+typedef struct {
+    const dol_cpu_i8 *s;
+    dol_i8_act *a;
+    const float *x;
+    int T, rows_per_task;
+} i8_quant_job;
+
+static void i8_quant_task(void *ctx, int task, int worker)
+{
+    (void)worker;
+    const i8_quant_job *q = ctx;
+    const int t0 = task * q->rows_per_task, t1 = t0 + q->rows_per_task < q->T ? t0 + q->rows_per_task : q->T;
+    q->s->quantize(q->a, q->x, t0, t1);
+}
+
+/* Whether job j runs on 8-bit activations; if so x is quantized once into
+ * the first eligible weight's scratch (over the pool when T is large) and
+ * j->i8, j->xa set. A row's quantization depends on that row only. */
+static void i8_prepare(dol_pool *pool, fused_job *j)
+{
+    if (j->xp) return;
+    dol_i8_act *a = NULL;
+    for (int i = 0; i < j->n_w && !a; i++)
+        if (i8_weight_ok(j, j->W[i])) a = j->W[i]->i8;
+    const dol_cpu_i8 *s = a ? dol_cpu_i8_get() : NULL;
+    if (!s || dol_cpu_i8_act_reserve(a, j->T, j->K) != 0) return;
+    const int threads = pool ? dol_pool_threads(pool) : 1;
+    if (threads > 1 && j->T >= 4 * threads) {
+        i8_quant_job q = { s, a, j->x, j->T, (j->T + 2 * threads - 1) / (2 * threads) };
+        dol_pool_run(pool, i8_quant_task, &q, (j->T + q.rows_per_task - 1) / q.rows_per_task);
+    } else {
+        s->quantize(a, j->x, 0, j->T);
+    }
+    j->i8 = s;
+    j->xa = a;
+}
+
 static void rows_of(const fused_job *j, int i, float *out, int n0, int n1)
 {
     const dol_cpu_weight *w = j->W[i];
     if (j->xp && fast_rows(j, w, out, n0, n1) == 0) return;
+    if (j->xa && i8_weight_ok(j, w)) {
+        const dol_i8_weight v = { i8_format(w), w->w, w->row_bytes, w->nf4, w->q8, w->N, j->K };
+        void *scratch = j->T > 2 ? thread_tile((j->i8->scratch_bytes(j->K) + sizeof(float) - 1) / sizeof(float)) : NULL;
+        j->i8->rows(out, w->N, j->xa, &v, n0, n1, scratch);
+        return;
+    }
     if (panel_ok(j, w) && quant_rows_panel(j, w, out, n0, n1) == 0) return;
     if (dol_cpu_weight_is_blk(w)) {   /* no memory for a tile: row by row */
         float *row = malloc(sizeof(float) * (size_t)j->K);
@@ -385,6 +443,7 @@ static void fused_task(void *ctx, int task, int worker)
 static void fused_run(dol_pool *pool, fused_job *j, int n_plan)
 {
     fast_prepare(pool, j);
+    i8_prepare(pool, j);
     const int threads = pool ? dol_pool_threads(pool) : 1;
     int total = 0;
     for (int i = 0; i < n_plan; i++) total += j->W[i]->N;
@@ -438,21 +497,21 @@ void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
                     const void *W, dol_dtype wtype, int N)
 {
     const dol_cpu_weight w = { W, wtype, NULL, N, K, false, NULL, NULL,
-                               dol_dtype_is_block(wtype) ? dol_dtype_row_bytes(wtype, K) : 0 };
+                               dol_dtype_is_block(wtype) ? dol_dtype_row_bytes(wtype, K) : 0, NULL };
     dol_cpu_matmul_multi(pool, x, T, K, &w, &out, 1);
 }
 
 void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
                         const dol_nf4_matrix *W)
 {
-    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, W, (int)W->rows, (int)W->cols, false, NULL, NULL, 0 };
+    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, W, (int)W->rows, (int)W->cols, false, NULL, NULL, 0, NULL };
     dol_cpu_matmul_multi(pool, x, T, w.K, &w, &out, 1);
 }
 
 void dol_cpu_matmul_q8(dol_pool *pool, float *out, const float *x, int T,
                        const dol_q8_matrix *W)
 {
-    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, NULL, (int)W->rows, (int)W->cols, false, W, NULL, 0 };
+    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, NULL, (int)W->rows, (int)W->cols, false, W, NULL, 0, NULL };
     dol_cpu_matmul_multi(pool, x, T, w.K, &w, &out, 1);
 }
 

@@ -85,6 +85,11 @@ typedef struct {
     dol_cpu_fast *fast;      /* non-NULL: BF16x3 on AMX allowed (above) */
     size_t row_bytes;        /* wtype a GGUF block type (ggml_blocks.h; nf4, q8 NULL,
                               * not packed): row n of the blocks is at w + n * row_bytes */
+    struct dol_i8_act *i8;   /* non-NULL (NF4, Q8_0 or a block type, K a multiple of 32):
+                              * the product runs on 8-bit activations (cpu_i8.h) when the
+                              * CPU has an int8 kernel set, x quantized into this scratch
+                              * (the caller's, one product at a time); not the exact
+                              * product's bits, but still batch-invariant */
 } dol_cpu_weight;
 
 /* Whether w is a matrix of a GGUF block type, read where it is: every

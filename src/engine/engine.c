@@ -240,6 +240,11 @@ double dol_engine_gpu_utilization(const dol_engine *e)
     return pct / 100.0;
 }
 const char *dol_engine_cpu_kernels(void) { return dol_cpu_kernels_get()->name; }
+const char *dol_engine_activations(const dol_engine *e)
+{
+    if (e->ops->activations) return e->ops->activations(e->impl);
+    return strcmp(e->ops->name, "cuda") == 0 ? "f16" : "f32";
+}
 int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total)
 {
 #ifdef DOLPHIN_HAVE_CUDA

@@ -28,6 +28,7 @@ static cJSON *model_object(const dol_server *s, const dol_model_info *in)
     cJSON_AddItemToObject(m, "dolphin", x);
     cJSON_AddStringToObject(x, "state", dol_model_state_name(in->state));
     cJSON_AddStringToObject(x, "format", in->weights);
+    cJSON_AddStringToObject(x, "activations", in->activations);
     if (in->file_format) {
         cJSON_AddStringToObject(x, "file_format", in->file_format);
         cJSON_AddStringToObject(x, "file_types", in->file_types);

@@ -48,6 +48,7 @@ typedef struct {
     int context_len;
     size_t bytes;                /* measured at the last load; 0 = never loaded */
     const char *backend;
+    const char *activations;     /* dol_engine_activations once loaded */
     char format[16];             /* the linear weights as held: f32, f16, bf16, nf4 */
     const char *file_format;     /* the checkpoint's: "safetensors", "gguf" (once loaded) */
     char file_types[192];        /* the checkpoint's tensor types (dol_model.type_mix) */
@@ -388,6 +389,7 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
     ep.context_len = me->context_len;
     ep.weights = me->weights;
     ep.quantize_lm_head = me->quantize_lm_head;
+    ep.activations = me->activations;
     ep.backend = me->backend;
     ep.gpu_memory_utilization = me->gpu_memory_utilization;
     ep.n_devices = me->devices.n;
@@ -418,11 +420,12 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
     sp.prefill_chunk = cfg->prefill_chunk;
     if (dol_scheduler_create(o->engine, o->tok, &sp, &o->sched, err, errlen) != 0) goto fail;
     dol_log(DOL_LOG_INFO, "model_loaded",
-            "backend=%s cpu_kernels=%s model=%s path=%s file_format=%s file_types=\"%s\" "
+            "backend=%s cpu_kernels=%s activations=%s model=%s path=%s file_format=%s file_types=\"%s\" "
             "layers=%d hidden=%d heads=%d kv_heads=%d "
             "vocab=%d ctx=%d weight_bytes=%zu kv_blocks=%d kv_block_size=%d kv_cache_dtype=%s "
             "kv_tokens=%lld kv_contexts=%.2f kv_bytes=%zu threads=%d load_ms=%.0f",
-            dol_engine_backend_name(o->engine), dol_engine_cpu_kernels(), me->name, me->path,
+            dol_engine_backend_name(o->engine), dol_engine_cpu_kernels(),
+            dol_engine_activations(o->engine), me->name, me->path,
             dol_model_format_name(o->model->format), o->model->type_mix, o->model->cfg.n_layers, o->model->cfg.hidden_size, o->model->cfg.n_heads,
             o->model->cfg.n_kv_heads, o->model->cfg.vocab_size, dol_engine_context_len(o->engine),
             dol_engine_weight_bytes(o->engine), dol_engine_kv_blocks_total(o->engine),
@@ -622,6 +625,7 @@ static void *load_main(void *arg)
         e->state = DOL_MODEL_LOADED;
         e->bytes = objects_bytes(&o);
         e->backend = dol_engine_backend_name(o.engine);
+        e->activations = dol_engine_activations(o.engine);
         if (e->cfg->weights != DOL_WEIGHTS_AUTO || strcmp(e->backend, "cuda") == 0)
             snprintf(e->format, sizeof e->format, "%s",
                      e->cfg->weights == DOL_WEIGHTS_AUTO ? "f16"
@@ -957,6 +961,8 @@ void dol_models_info(dol_models *m, int idx, dol_model_info *out)
     out->leases = e->leases;
     out->waiting = e->n_w;
     out->backend = e->backend;
+    out->activations = e->activations ? e->activations
+                                      : dol_config_choice_name("activations", e->cfg->activations);
     out->weights = e->format[0] ? e->format : dol_config_choice_name("weights", e->cfg->weights);
     out->context_len = e->context_len;
     out->file_format = e->file_format;

@@ -1,0 +1,438 @@
+/* src/engine/cpu_k_i8.c — the 8-bit-activation kernels (cpu_i8.h): the
+ * activation quantizer and one product per weight format, each format a
+ * decoder of one 32-weight block into int8 lanes and scales, shared by a
+ * single register-tiled product. Compiled once per instruction set with
+ * -DDOL_I8_VARIANT=avx2|avxvnni|avx512vnni (CMakeLists.txt); exports the
+ * table dol_cpu_i8_<variant>. */
+#include "engine/cpu_i8.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "dolphin/ggml_blocks.h"
+
+#define I8_CAT_(a, b) a##b
+#define I8_CAT(a, b) I8_CAT_(a, b)
+#define I8_STR_(a) #a
+#define I8_STR(a) I8_STR_(a)
+
+#define I8_ID_avx2 1
+#define I8_ID_avxvnni 2
+#define I8_ID_avx512vnni 3
+#define I8_ID I8_CAT(I8_ID_, DOL_I8_VARIANT)
+
+#if !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#error "the int8 kernels need -mavx2 -mfma -mf16c"
+#endif
+#if I8_ID == 2 && !defined(__AVXVNNI__)
+#error "the avxvnni variant needs -mavxvnni"
+#endif
+#if I8_ID == 3 && !(defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#error "the avx512vnni variant needs -mavx512vnni -mavx512vl"
+#endif
+
+/* ---- the int8 dot product of one block ------------------------------------ */
+
+/* Lane j of a block's product: I_j = sum of w_i q_i over i = 4j .. 4j+3,
+ * exact in every variant. A weight block is prepared once (prep) into aux,
+ * then multiplied by any number of activation blocks (dot):
+ *   VNNI: vpdpbusd takes unsigned x signed bytes without saturation, so the
+ *     activations go in as q + 128 (xu, a flip of the sign bit) and aux
+ *     starts the sum at -128 sum w_i: one instruction per product;
+ *   AVX2: aux = |w| (unsigned, <= 128) against q with w's sign (|.| <= 127):
+ *     vpmaddubsw's pair sums are at most 2 * 128 * 127 < 2^15 (it never
+ *     saturates), vpmaddwd adds the pairs. */
+#if I8_ID >= 2
+static inline __m256i dpbusd(__m256i acc, __m256i u, __m256i s)
+{
+#if I8_ID == 3
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
+static inline __m256i prep(__m256i w)
+{
+    return _mm256_sub_epi32(_mm256_setzero_si256(), dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w));
+}
+static inline __m256i xform(__m256i q) { return _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)); }
+static inline __m256i dot(__m256i w, __m256i aux, __m256i x) { return dpbusd(aux, x, w); }
+#else
+static inline __m256i prep(__m256i w) { return _mm256_sign_epi8(w, w); }
+static inline __m256i xform(__m256i q) { return q; }
+static inline __m256i dot(__m256i w, __m256i aux, __m256i x)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aux, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+}
+#endif
+
+static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+static inline float f16_at(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+/* The scale vector of a block whose halves have scales a (lanes 0-3) and b. */
+static inline __m256 halves(float a, float b)
+{
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(a)), _mm_set1_ps(b), 1);
+}
+
+/* 32 nibbles from 16 bytes: the low nibbles first, then the high ones. */
+static inline __m256i nibbles_lo_hi(const uint8_t *p)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(0xF);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+/* Bit i of the 32 bits at p, for byte i, as 0 or `val`. */
+static inline __m256i bits32(const uint8_t *p, char val)
+{
+    uint32_t u;
+    memcpy(&u, p, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)u),
+        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i on = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(on, _mm256_set1_epi8(val));
+}
+
+/* ---- one decoder per weight format: block b of row n ---------------------- */
+
+/* A decoded block: 32 int8 weights, their scale per lane (sw) and, for the
+ * formats with minima, their minimum per lane (mw): W = sw * w - mw. */
+typedef struct {
+    __m256i w;
+    __m256 sw, mw;
+} blk;
+
+static inline blk dec_q8_0(const dol_i8_weight *W, int n, int b)
+{
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)b * 34;
+    return (blk){ _mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_ps(f16_at(p)), _mm256_setzero_ps() };
+}
+
+static inline blk dec_q4_0(const dol_i8_weight *W, int n, int b)
+{
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)b * 18;
+    return (blk){ _mm256_sub_epi8(nibbles_lo_hi(p + 2), _mm256_set1_epi8(8)), _mm256_set1_ps(f16_at(p)),
+                  _mm256_setzero_ps() };
+}
+
+static inline blk dec_q4_1(const dol_i8_weight *W, int n, int b)
+{
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)b * 20;
+    return (blk){ nibbles_lo_hi(p + 4), _mm256_set1_ps(f16_at(p)), _mm256_set1_ps(-f16_at(p + 2)) };
+}
+
+static inline blk dec_q5_0(const dol_i8_weight *W, int n, int b)
+{
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)b * 22;
+    const __m256i q = _mm256_or_si256(nibbles_lo_hi(p + 6), bits32(p + 2, 0x10));
+    return (blk){ _mm256_sub_epi8(q, _mm256_set1_epi8(16)), _mm256_set1_ps(f16_at(p)), _mm256_setzero_ps() };
+}
+
+static inline blk dec_q5_1(const dol_i8_weight *W, int n, int b)
+{
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)b * 24;
+    const __m256i q = _mm256_or_si256(nibbles_lo_hi(p + 8), bits32(p + 4, 0x10));
+    return (blk){ q, _mm256_set1_ps(f16_at(p)), _mm256_set1_ps(-f16_at(p + 2)) };
+}
+
+/* The K-quants: super-blocks of 256, block b is sub-block j = b % 8 of
+ * super-block b / 8 (ggml_blocks.h has the layouts). */
+static inline blk dec_q2_k(const dol_i8_weight *W, int n, int b)
+{
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 84;
+    const int j = b & 7, h = j >> 2, g = j & 3;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * h));
+    const __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
+    const uint8_t s0 = p[8 * h + 2 * g], s1 = p[8 * h + 2 * g + 1];
+    const float d = f16_at(p + 80), dm = f16_at(p + 82);
+    return (blk){ q, halves(d * (float)(s0 & 0xF), d * (float)(s1 & 0xF)),
+                  halves(dm * (float)(s0 >> 4), dm * (float)(s1 >> 4)) };
+}
+
+static inline blk dec_q3_k(const dol_i8_weight *W, int n, int b)
+{
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 110;
+    const int j = b & 7, h = j >> 2, g = j & 3;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * h));
+    const __m256i q2 = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)p);
+    const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + g)));
+    /* q2 - 4 where the high bit is clear */
+    const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
+    const __m256i q = _mm256_sub_epi8(q2, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+    const float d = f16_at(p + 108);
+    const int i = 8 * h + 2 * g;
+    return (blk){ q, halves(d * (float)dol_blk_q3k_scale(i, p + 96), d * (float)dol_blk_q3k_scale(i + 1, p + 96)),
+                  _mm256_setzero_ps() };
+}
+
+static inline blk dec_q4_k(const dol_i8_weight *W, int n, int b)
+{
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 144;
+    const int j = b & 7;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * (j >> 1)));
+    const __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(0xF));
+    int sc, mn;
+    dol_blk_k4_scale_min(j, p + 4, &sc, &mn);
+    return (blk){ q, _mm256_set1_ps(f16_at(p) * (float)sc), _mm256_set1_ps(f16_at(p + 2) * (float)mn) };
+}
+
+static inline blk dec_q5_k(const dol_i8_weight *W, int n, int b)
+{
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 176;
+    const int j = b & 7;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 48 + 32 * (j >> 1)));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(0xF));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
+    const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+    const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16));
+    int sc, mn;
+    dol_blk_k4_scale_min(j, p + 4, &sc, &mn);
+    return (blk){ _mm256_or_si256(lo, hi), _mm256_set1_ps(f16_at(p) * (float)sc),
+                  _mm256_set1_ps(f16_at(p + 2) * (float)mn) };
+}
+
+static inline blk dec_q6_k(const dol_i8_weight *W, int n, int b)
+{
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 210;
+    const int j = b & 7, h = j >> 2, qd = j & 3;
+    const __m256i lb = _mm256_loadu_si256((const __m256i *)(p + 64 * h + ((qd & 1) ? 32 : 0)));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(lb, _mm_cvtsi32_si128((qd & 2) ? 4 : 0)), _mm256_set1_epi8(0xF));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+    const __m256i hi = _mm256_and_si256(_mm256_sll_epi16(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qd)), _mm_cvtsi32_si128(4)),
+                                        _mm256_set1_epi8(0x30));
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+    const float d = f16_at(p + 208);
+    const int8_t *sc = (const int8_t *)(p + 192 + 8 * h + 2 * qd);
+    return (blk){ q, halves(d * (float)sc[0], d * (float)sc[1]), _mm256_setzero_ps() };
+}
+
+/* Dolphin's NF4 (nf4.h): blocks of 64, codes of weight i and i + 32 in
+ * the low and high nibbles of byte i, one F16 absmax per block. */
+static inline blk dec_nf4(const dol_i8_weight *W, int n, int b)
+{
+    const dol_nf4_matrix *m = W->nf4;
+    const uint8_t *p = m->codes + (size_t)n * (size_t)(m->cols / 2) + (size_t)(b >> 1) * 32;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    const __m256i c = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (b & 1))), _mm256_set1_epi8(0xF));
+    const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)dol_nf4_i8_codes));
+    const uint16_t a = m->scales[(size_t)n * (size_t)m->blocks_per_row + (size_t)(b >> 1)];
+    const float absmax = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(a)));
+    return (blk){ _mm256_shuffle_epi8(book, c), _mm256_set1_ps(absmax * (1.0f / 127.0f)), _mm256_setzero_ps() };
+}
+
+static inline blk dec_q8(const dol_i8_weight *W, int n, int b)
+{
+    const dol_q8_matrix *m = W->q8;
+    const int8_t *p = m->quants + (size_t)n * (size_t)m->cols + (size_t)b * 32;
+    const uint16_t s = m->scales[(size_t)n * (size_t)m->blocks_per_row + (size_t)b];
+    return (blk){ _mm256_loadu_si256((const __m256i *)p), _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(s)))),
+                  _mm256_setzero_ps() };
+}
+
+/* ---- the product ------------------------------------------------------------ */
+
+/* A decoded weight block, as the panel keeps it: the weights, their prep,
+ * scales and minima per lane. */
+typedef struct {
+    __m256i w, aux;
+    __m256 sw, mw;
+} pblk;
+
+/* Rows of W decoded once into a panel from this many rows of x on (below,
+ * each tile decodes its blocks itself: every block is used once or twice). */
+#define I8_PANEL_MIN_T 3
+#define I8_ROWS 4 /* rows of W per tile, and per panel */
+
+/* One block of the tile: rows r < R of W (decoded into k[r]) against
+ * columns c < C of x, block b; the operations of cpu_i8.h, in its order. */
+#define I8_STEP(MIN)                                                                              \
+    do {                                                                                          \
+        __m256i xq[2];                                                                            \
+        __m256 dx[2], xs[2];                                                                      \
+        for (int c = 0; c < C; c++) {                                                             \
+            const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)b;                            \
+            xq[c] = xform(_mm256_loadu_si256((const __m256i *)(a->q + o * 32)));                  \
+            dx[c] = _mm256_broadcast_ss(a->d + o);                                                \
+            if (MIN) xs[c] = _mm256_loadu_ps(a->s + o * 8);                                       \
+        }                                                                                         \
+        for (int r = 0; r < R; r++)                                                               \
+            for (int c = 0; c < C; c++) {                                                         \
+                const __m256i I = dot(k[r].w, k[r].aux, xq[c]);                                   \
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(k[r].sw, dx[c]), \
+                                            acc[r][c]);                                           \
+                if (MIN) acc[r][c] = _mm256_fnmadd_ps(k[r].mw, xs[c], acc[r][c]);                \
+            }                                                                                     \
+    } while (0)
+
+#define I8_STORE()                                                                                \
+    for (int r = 0; r < R; r++)                                                                   \
+        for (int c = 0; c < C; c++) out[(size_t)(t + c) * (size_t)ldo + n + r] = hsum8(acc[r][c])
+
+#define I8_ZERO()                                                                                 \
+    __m256 acc[I8_ROWS][2];                                                                       \
+    for (int r = 0; r < R; r++)                                                                   \
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps()
+
+/* NAME_tile: an R x C tile (rows n .. n+R-1 of W, columns t .. t+C-1 of x)
+ * decoding its blocks as it goes; NAME_ptile: the same from a panel of R
+ * decoded rows (pan[r * nb + b]); NAME_rows: rows n0 .. n1-1 for every
+ * column, through panels from I8_PANEL_MIN_T columns on. The same
+ * operations for every output whatever R, C or the path (cpu_i8.h). */
+#define I8_PRODUCT(NAME, DEC, MIN)                                                                \
+    static inline __attribute__((always_inline)) void NAME##_tile(                                \
+        float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n, int t,            \
+        const int R, const int C)                                                                  \
+    {                                                                                              \
+        const int nb = a->nb;                                                                      \
+        I8_ZERO();                                                                                 \
+        for (int b = 0; b < nb; b++) {                                                             \
+            pblk k[I8_ROWS];                                                                       \
+            for (int r = 0; r < R; r++) {                                                          \
+                const blk d = DEC(W, n + r, b);                                                    \
+                k[r] = (pblk){ d.w, prep(d.w), d.sw, d.mw };                                       \
+            }                                                                                      \
+            I8_STEP(MIN);                                                                          \
+        }                                                                                          \
+        I8_STORE();                                                                                \
+    }                                                                                              \
+    static inline __attribute__((always_inline)) void NAME##_ptile(                               \
+        float *out, int ldo, const dol_i8_act *a, const pblk *pan, int n, int t, const int R,      \
+        const int C)                                                                               \
+    {                                                                                              \
+        const int nb = a->nb;                                                                      \
+        I8_ZERO();                                                                                 \
+        for (int b = 0; b < nb; b++) {                                                             \
+            pblk k[I8_ROWS];                                                                       \
+            for (int r = 0; r < R; r++) k[r] = pan[(size_t)r * (size_t)nb + (size_t)b];            \
+            I8_STEP(MIN);                                                                          \
+        }                                                                                          \
+        I8_STORE();                                                                                \
+    }                                                                                              \
+    static void NAME##_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W,      \
+                            int n0, int n1, void *scratch)                                         \
+    {                                                                                              \
+        const int T = a->T, nb = a->nb;                                                            \
+        pblk *pan = scratch;                                                                       \
+        for (int n = n0; n < n1;) {                                                                \
+            const int R = n1 - n >= I8_ROWS ? I8_ROWS : 1;                                         \
+            if (T >= I8_PANEL_MIN_T && pan) {                                                      \
+                for (int r = 0; r < R; r++)                                                        \
+                    for (int b = 0; b < nb; b++) {                                                 \
+                        const blk d = DEC(W, n + r, b);                                            \
+                        pan[(size_t)r * (size_t)nb + (size_t)b] = (pblk){ d.w, prep(d.w), d.sw, d.mw }; \
+                    }                                                                              \
+                int t = 0;                                                                         \
+                if (R == I8_ROWS) {                                                                \
+                    for (; t + 2 <= T; t += 2) NAME##_ptile(out, ldo, a, pan, n, t, I8_ROWS, 2);   \
+                    if (t < T) NAME##_ptile(out, ldo, a, pan, n, t, I8_ROWS, 1);                   \
+                } else {                                                                           \
+                    for (; t + 2 <= T; t += 2) NAME##_ptile(out, ldo, a, pan, n, t, 1, 2);         \
+                    if (t < T) NAME##_ptile(out, ldo, a, pan, n, t, 1, 1);                         \
+                }                                                                                  \
+            } else {                                                                               \
+                int t = 0;                                                                         \
+                if (R == I8_ROWS) {                                                                \
+                    for (; t + 2 <= T; t += 2) NAME##_tile(out, ldo, a, W, n, t, I8_ROWS, 2);      \
+                    if (t < T) NAME##_tile(out, ldo, a, W, n, t, I8_ROWS, 1);                      \
+                } else {                                                                           \
+                    for (; t + 2 <= T; t += 2) NAME##_tile(out, ldo, a, W, n, t, 1, 2);            \
+                    if (t < T) NAME##_tile(out, ldo, a, W, n, t, 1, 1);                            \
+                }                                                                                  \
+            }                                                                                      \
+            n += R;                                                                                \
+        }                                                                                          \
+    }
+
+I8_PRODUCT(q8_0, dec_q8_0, 0)
+I8_PRODUCT(q4_0, dec_q4_0, 0)
+I8_PRODUCT(q4_1, dec_q4_1, 1)
+I8_PRODUCT(q5_0, dec_q5_0, 0)
+I8_PRODUCT(q5_1, dec_q5_1, 1)
+I8_PRODUCT(q2_k, dec_q2_k, 1)
+I8_PRODUCT(q3_k, dec_q3_k, 0)
+I8_PRODUCT(q4_k, dec_q4_k, 1)
+I8_PRODUCT(q5_k, dec_q5_k, 1)
+I8_PRODUCT(q6_k, dec_q6_k, 0)
+I8_PRODUCT(nf4, dec_nf4, 0)
+I8_PRODUCT(q8, dec_q8, 0)
+
+static void i8_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n0, int n1,
+                    void *scratch)
+{
+    switch ((int)W->t) {
+#define I8_CASE(T, NAME) case T: NAME##_rows(out, ldo, a, W, n0, n1, scratch); break;
+        I8_CASE(DOL_DTYPE_Q8_0, q8_0)
+        I8_CASE(DOL_DTYPE_Q4_0, q4_0)
+        I8_CASE(DOL_DTYPE_Q4_1, q4_1)
+        I8_CASE(DOL_DTYPE_Q5_0, q5_0)
+        I8_CASE(DOL_DTYPE_Q5_1, q5_1)
+        I8_CASE(DOL_DTYPE_Q2_K, q2_k)
+        I8_CASE(DOL_DTYPE_Q3_K, q3_k)
+        I8_CASE(DOL_DTYPE_Q4_K, q4_k)
+        I8_CASE(DOL_DTYPE_Q5_K, q5_k)
+        I8_CASE(DOL_DTYPE_Q6_K, q6_k)
+        I8_CASE((int)DOL_I8_NF4, nf4)
+        I8_CASE((int)DOL_I8_Q8, q8)
+#undef I8_CASE
+    default: break;
+    }
+}
+
+/* ---- the activations --------------------------------------------------------- */
+
+static void i8_quantize(dol_i8_act *a, const float *x, int t0, int t1)
+{
+    const int nb = a->nb, K = a->K;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int t = t0; t < t1; t++)
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + (size_t)t * (size_t)K + (size_t)b * 32;
+            const size_t o = (size_t)t * (size_t)nb + (size_t)b;
+            __m256 v[4], m = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(xb + 8 * i);
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+            }
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            a->d[o] = amax / 127.0f;
+            const __m256 vid = _mm256_set1_ps(id);
+            __m256i qi[4];
+            for (int i = 0; i < 4; i++) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));
+            /* int32 -> int8 in order: packs work within 128-bit lanes, the
+             * permute puts the four quarters back in place */
+            const __m256i p16a = _mm256_packs_epi32(qi[0], qi[1]), p16b = _mm256_packs_epi32(qi[2], qi[3]);
+            const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+            const __m256i q = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(a->q + o * 32), q);
+            float *s = a->s + o * 8;
+            const int8_t *qb = a->q + o * 32;
+            for (int j = 0; j < 8; j++)
+                s[j] = (float)(qb[4 * j] + qb[4 * j + 1] + qb[4 * j + 2] + qb[4 * j + 3]) * a->d[o];
+        }
+}
+
+static size_t i8_scratch_bytes(int K) { return sizeof(pblk) * I8_ROWS * (size_t)(K / 32); }
+
+const dol_cpu_i8 I8_CAT(dol_cpu_i8_, DOL_I8_VARIANT) = {
+    .name = I8_STR(DOL_I8_VARIANT),
+    .quantize = i8_quantize,
+    .rows = i8_rows,
+    .scratch_bytes = i8_scratch_bytes,
+};
