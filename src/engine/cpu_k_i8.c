@@ -243,6 +243,28 @@ static inline blk dec_q8(const dol_i8_weight *W, int n, int b)
                   _mm256_setzero_ps() };
 }
 
+/* ---- where each format's rows lie (for the prefetches of the product) ------ */
+
+/* Row n's main stream (the weights, and for GGUF their scales): its start,
+ * and its length in bytes (*len). Rows follow each other in memory. */
+static inline const uint8_t *row_gguf(const dol_i8_weight *W, int n, size_t *len)
+{
+    *len = W->row_bytes;
+    return W->base + (size_t)n * W->row_bytes;
+}
+
+static inline const uint8_t *row_nf4(const dol_i8_weight *W, int n, size_t *len)
+{
+    *len = (size_t)(W->nf4->cols / 2);
+    return W->nf4->codes + (size_t)n * *len;
+}
+
+static inline const uint8_t *row_q8(const dol_i8_weight *W, int n, size_t *len)
+{
+    *len = (size_t)W->q8->cols;
+    return (const uint8_t *)W->q8->quants + (size_t)n * *len;
+}
+
 /* ---- the product ------------------------------------------------------------ */
 
 /* A decoded weight block, as the panel keeps it: the weights, their prep,
@@ -292,14 +314,22 @@ typedef struct {
  * decoded rows (pan[r * nb + b]); NAME_rows: rows n0 .. n1-1 for every
  * column, through panels from I8_PANEL_MIN_T columns on. The same
  * operations for every output whatever R, C or the path (cpu_i8.h). */
-#define I8_PRODUCT(NAME, DEC, MIN)                                                                \
+#define I8_PRODUCT(NAME, DEC, MIN, ROWP)                                                                \
     static inline __attribute__((always_inline)) void NAME##_tile(                                \
         float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n, int t,            \
         const int R, const int C)                                                                  \
     {                                                                                              \
         const int nb = a->nb;                                                                      \
+        /* the next tile's rows, prefetched a share per block (short rows of                       \
+         * several streams are too short for the hardware prefetcher to train) */                  \
+        size_t len;                                                                                \
+        const uint8_t *pf = n + 2 * R <= W->N ? ROWP(W, n + R, &len) : NULL;                       \
+        const size_t pf_len = pf ? (size_t)R * len : 0;                                            \
         I8_ZERO();                                                                                 \
         for (int b = 0; b < nb; b++) {                                                             \
+            for (size_t o = ((size_t)b * pf_len / (size_t)nb) & ~(size_t)63,                       \
+                        e = (size_t)(b + 1) * pf_len / (size_t)nb; o < e; o += 64)                 \
+                _mm_prefetch((const char *)pf + o, _MM_HINT_T0);                                   \
             pblk k[I8_ROWS];                                                                       \
             for (int r = 0; r < R; r++) {                                                          \
                 const blk d = DEC(W, n + r, b);                                                    \
@@ -357,18 +387,18 @@ typedef struct {
         }                                                                                          \
     }
 
-I8_PRODUCT(q8_0, dec_q8_0, 0)
-I8_PRODUCT(q4_0, dec_q4_0, 0)
-I8_PRODUCT(q4_1, dec_q4_1, 1)
-I8_PRODUCT(q5_0, dec_q5_0, 0)
-I8_PRODUCT(q5_1, dec_q5_1, 1)
-I8_PRODUCT(q2_k, dec_q2_k, 1)
-I8_PRODUCT(q3_k, dec_q3_k, 0)
-I8_PRODUCT(q4_k, dec_q4_k, 1)
-I8_PRODUCT(q5_k, dec_q5_k, 1)
-I8_PRODUCT(q6_k, dec_q6_k, 0)
-I8_PRODUCT(nf4, dec_nf4, 0)
-I8_PRODUCT(q8, dec_q8, 0)
+I8_PRODUCT(q8_0, dec_q8_0, 0, row_gguf)
+I8_PRODUCT(q4_0, dec_q4_0, 0, row_gguf)
+I8_PRODUCT(q4_1, dec_q4_1, 1, row_gguf)
+I8_PRODUCT(q5_0, dec_q5_0, 0, row_gguf)
+I8_PRODUCT(q5_1, dec_q5_1, 1, row_gguf)
+I8_PRODUCT(q2_k, dec_q2_k, 1, row_gguf)
+I8_PRODUCT(q3_k, dec_q3_k, 0, row_gguf)
+I8_PRODUCT(q4_k, dec_q4_k, 1, row_gguf)
+I8_PRODUCT(q5_k, dec_q5_k, 1, row_gguf)
+I8_PRODUCT(q6_k, dec_q6_k, 0, row_gguf)
+I8_PRODUCT(nf4, dec_nf4, 0, row_nf4)
+I8_PRODUCT(q8, dec_q8, 0, row_q8)
 
 static void i8_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n0, int n1,
                     void *scratch)
