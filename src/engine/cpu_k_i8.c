@@ -267,21 +267,32 @@ static inline const uint8_t *row_q8(const dol_i8_weight *W, int n, size_t *len)
 
 /* ---- the product ------------------------------------------------------------ */
 
-/* A decoded weight block, as the panel keeps it: the weights, their prep,
- * scales and minima per lane. */
+/* A decoded weight block: the weights, their prep, scales and minima per lane. */
 typedef struct {
     __m256i w, aux;
     __m256 sw, mw;
 } pblk;
+
+/* Blocks 2p and 2p + 1 of a row as the panel keeps them (a missing second
+ * block, nb odd, is zeros): each field of both blocks in 64 bytes, so the
+ * 512-bit product reads a pair in one load per field. */
+typedef struct {
+    __m256i w[2], aux[2];
+    __m256 sw[2], mw[2];
+} ppair;
 
 /* Rows of W decoded once into a panel from this many rows of x on (below,
  * each tile decodes its blocks itself: every block is used once or twice). */
 #define I8_PANEL_MIN_T 3
 #define I8_ROWS 4 /* rows of W per tile, and per panel */
 
-/* One block of the tile: rows r < R of W (decoded into k[r]) against
- * columns c < C of x, block b; the operations of cpu_i8.h, in its order. */
-#define I8_STEP(MIN)                                                                              \
+/* Accumulation: every output keeps two accumulators of 8 lanes, one for the
+ * even blocks and one for the odd ones (a 512-bit vector holds both), and
+ * is their lane-wise sum, summed across lanes (cpu_i8.h). */
+
+/* Block b of the tile into accumulator half H: rows r < R of W (k[r])
+ * against columns c < C of x; the operations of cpu_i8.h, in its order. */
+#define I8_STEP(MIN, H)                                                                           \
     do {                                                                                          \
         __m256i xq[2];                                                                            \
         __m256 dx[2], xs[2];                                                                      \
@@ -294,27 +305,138 @@ typedef struct {
         for (int r = 0; r < R; r++)                                                               \
             for (int c = 0; c < C; c++) {                                                         \
                 const __m256i I = dot(k[r].w, k[r].aux, xq[c]);                                   \
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(k[r].sw, dx[c]), \
-                                            acc[r][c]);                                           \
-                if (MIN) acc[r][c] = _mm256_fnmadd_ps(k[r].mw, xs[c], acc[r][c]);                \
+                acc[r][c][H] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(k[r].sw, dx[c]), \
+                                               acc[r][c][H]);                                     \
+                if (MIN) acc[r][c][H] = _mm256_fnmadd_ps(k[r].mw, xs[c], acc[r][c][H]);          \
             }                                                                                     \
     } while (0)
 
 #define I8_STORE()                                                                                \
     for (int r = 0; r < R; r++)                                                                   \
-        for (int c = 0; c < C; c++) out[(size_t)(t + c) * (size_t)ldo + n + r] = hsum8(acc[r][c])
+        for (int c = 0; c < C; c++)                                                               \
+    out[(size_t)(t + c) * (size_t)ldo + n + r] = hsum8(_mm256_add_ps(acc[r][c][0], acc[r][c][1]))
 
 #define I8_ZERO()                                                                                 \
-    __m256 acc[I8_ROWS][2];                                                                       \
+    __m256 acc[I8_ROWS][2][2];                                                                    \
     for (int r = 0; r < R; r++)                                                                   \
-        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps()
+        for (int c = 0; c < C; c++) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps()
+
+#if I8_ID == 3
+/* The 512-bit panel product: a pair of blocks per vector, lanes 0-7 the
+ * even block's (accumulator half 0), 8-15 the odd one's, each lane the
+ * operations of I8_STEP on that block, so the bits are the 256-bit ones. */
+#define I8_ZC 2 /* columns of x per 512-bit tile */
+static inline __m512i xform512(__m512i q) { return _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80)); }
+
+/* d of blocks o and o + 1 in lanes 0-7 and 8-15 */
+static inline __m512 pair_scale(const float *d)
+{
+    const __m128 two = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)d));
+    return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                 _mm512_castps128_ps512(two));
+}
+
+static inline float hsum16_pair(__m512 v)
+{
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+#define I8_ZPTILE(NAME, MIN)                                                                      \
+    static inline __attribute__((always_inline)) void NAME##_zptile(                              \
+        float *out, int ldo, const dol_i8_act *a, const ppair *pan, int n, int t, const int R,     \
+        const int C)                                                                               \
+    {                                                                                              \
+        const int nb = a->nb, np = (nb + 1) / 2;                                                   \
+        __m512 acc[I8_ROWS][I8_ZC];                                                                \
+        for (int r = 0; r < R; r++)                                                                \
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();                           \
+        int p = 0;                                                                                 \
+        for (; 2 * p + 1 < nb; p++) {                                                              \
+            __m512i xq[I8_ZC];                                                                     \
+            __m512 dx[I8_ZC], xs[I8_ZC];                                                           \
+            for (int c = 0; c < C; c++) {                                                          \
+                const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)(2 * p);                   \
+                xq[c] = xform512(_mm512_loadu_si512((const void *)(a->q + o * 32)));               \
+                dx[c] = pair_scale(a->d + o);                                                      \
+                if (MIN) xs[c] = _mm512_loadu_ps(a->s + o * 8);                                    \
+            }                                                                                      \
+            for (int r = 0; r < R; r++) {                                                          \
+                const ppair *e = pan + (size_t)r * (size_t)np + (size_t)p;                         \
+                const __m512i w = _mm512_load_si512((const void *)e->w);                           \
+                const __m512i aux = _mm512_load_si512((const void *)e->aux);                       \
+                const __m512 sw = _mm512_load_ps((const float *)e->sw);                            \
+                for (int c = 0; c < C; c++) {                                                      \
+                    const __m512i I = _mm512_dpbusd_epi32(aux, xq[c], w);                          \
+                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sw, dx[c]),   \
+                                                acc[r][c]);                                        \
+                    if (MIN)                                                                       \
+                        acc[r][c] = _mm512_fnmadd_ps(_mm512_load_ps((const float *)e->mw), xs[c], \
+                                                     acc[r][c]);                                   \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        if (p < np) { /* nb odd: the last block, into half 0 only */                               \
+            const __mmask16 lo = 0x00FF;                                                           \
+            __m512i xq[I8_ZC];                                                                     \
+            __m512 dx[I8_ZC], xs[I8_ZC];                                                           \
+            for (int c = 0; c < C; c++) {                                                          \
+                const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)(2 * p);                   \
+                xq[c] = _mm512_zextsi256_si512(                                                    \
+                    xform(_mm256_loadu_si256((const __m256i *)(a->q + o * 32))));                  \
+                dx[c] = _mm512_set1_ps(a->d[o]);                                                   \
+                if (MIN) xs[c] = _mm512_zextps256_ps512(_mm256_loadu_ps(a->s + o * 8));            \
+            }                                                                                      \
+            for (int r = 0; r < R; r++) {                                                          \
+                const ppair *e = pan + (size_t)r * (size_t)np + (size_t)p;                         \
+                const __m512i w = _mm512_load_si512((const void *)e->w);                           \
+                const __m512i aux = _mm512_load_si512((const void *)e->aux);                       \
+                const __m512 sw = _mm512_load_ps((const float *)e->sw);                            \
+                for (int c = 0; c < C; c++) {                                                      \
+                    const __m512i I = _mm512_dpbusd_epi32(aux, xq[c], w);                          \
+                    acc[r][c] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(I),                       \
+                                                      _mm512_mul_ps(sw, dx[c]), acc[r][c], lo);    \
+                    if (MIN)                                                                       \
+                        acc[r][c] = _mm512_mask3_fnmadd_ps(_mm512_load_ps((const float *)e->mw),  \
+                                                           xs[c], acc[r][c], lo);                  \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        for (int r = 0; r < R; r++)                                                                \
+            for (int c = 0; c < C; c++)                                                            \
+                out[(size_t)(t + c) * (size_t)ldo + n + r] = hsum16_pair(acc[r][c]);               \
+    }
+#define I8_PANEL_RUN(NAME)                                                                        \
+    do {                                                                                          \
+        int t = 0;                                                                                \
+        if (R == I8_ROWS) {                                                                       \
+            for (; t + I8_ZC <= T; t += I8_ZC) NAME##_zptile(out, ldo, a, pan, n, t, I8_ROWS, I8_ZC); \
+            for (; t < T; t++) NAME##_zptile(out, ldo, a, pan, n, t, I8_ROWS, 1);                 \
+        } else {                                                                                  \
+            for (; t + I8_ZC <= T; t += I8_ZC) NAME##_zptile(out, ldo, a, pan, n, t, 1, I8_ZC);   \
+            for (; t < T; t++) NAME##_zptile(out, ldo, a, pan, n, t, 1, 1);                       \
+        }                                                                                         \
+    } while (0)
+#else
+#define I8_ZPTILE(NAME, MIN)
+#define I8_PANEL_RUN(NAME)                                                                        \
+    do {                                                                                          \
+        int t = 0;                                                                                \
+        if (R == I8_ROWS) {                                                                       \
+            for (; t + 2 <= T; t += 2) NAME##_ptile(out, ldo, a, pan, n, t, I8_ROWS, 2);          \
+            if (t < T) NAME##_ptile(out, ldo, a, pan, n, t, I8_ROWS, 1);                          \
+        } else {                                                                                  \
+            for (; t + 2 <= T; t += 2) NAME##_ptile(out, ldo, a, pan, n, t, 1, 2);                \
+            if (t < T) NAME##_ptile(out, ldo, a, pan, n, t, 1, 1);                                \
+        }                                                                                         \
+    } while (0)
+#endif
 
 /* NAME_tile: an R x C tile (rows n .. n+R-1 of W, columns t .. t+C-1 of x)
- * decoding its blocks as it goes; NAME_ptile: the same from a panel of R
- * decoded rows (pan[r * nb + b]); NAME_rows: rows n0 .. n1-1 for every
- * column, through panels from I8_PANEL_MIN_T columns on. The same
+ * decoding its blocks as it goes; NAME_ptile (NAME_zptile in 512 bits):
+ * the same from a panel of R decoded rows; NAME_rows: rows n0 .. n1-1 for
+ * every column, through panels from I8_PANEL_MIN_T columns on. The same
  * operations for every output whatever R, C or the path (cpu_i8.h). */
-#define I8_PRODUCT(NAME, DEC, MIN, ROWP)                                                                \
+#define I8_PRODUCT(NAME, DEC, MIN, ROWP)                                                          \
     static inline __attribute__((always_inline)) void NAME##_tile(                                \
         float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n, int t,            \
         const int R, const int C)                                                                  \
@@ -335,44 +457,53 @@ typedef struct {
                 const blk d = DEC(W, n + r, b);                                                    \
                 k[r] = (pblk){ d.w, prep(d.w), d.sw, d.mw };                                       \
             }                                                                                      \
-            I8_STEP(MIN);                                                                          \
+            if (b & 1) I8_STEP(MIN, 1);                                                            \
+            else I8_STEP(MIN, 0);                                                                  \
         }                                                                                          \
         I8_STORE();                                                                                \
     }                                                                                              \
-    static inline __attribute__((always_inline)) void NAME##_ptile(                               \
-        float *out, int ldo, const dol_i8_act *a, const pblk *pan, int n, int t, const int R,      \
+    static inline __attribute__((always_inline, unused)) void NAME##_ptile(                       \
+        float *out, int ldo, const dol_i8_act *a, const ppair *pan, int n, int t, const int R,     \
         const int C)                                                                               \
     {                                                                                              \
-        const int nb = a->nb;                                                                      \
+        const int nb = a->nb, np = (nb + 1) / 2;                                                   \
         I8_ZERO();                                                                                 \
         for (int b = 0; b < nb; b++) {                                                             \
             pblk k[I8_ROWS];                                                                       \
-            for (int r = 0; r < R; r++) k[r] = pan[(size_t)r * (size_t)nb + (size_t)b];            \
-            I8_STEP(MIN);                                                                          \
+            for (int r = 0; r < R; r++) {                                                          \
+                const ppair *e = pan + (size_t)r * (size_t)np + (size_t)(b >> 1);                  \
+                const int h = b & 1;                                                               \
+                k[r] = (pblk){ e->w[h], e->aux[h], e->sw[h], e->mw[h] };                           \
+            }                                                                                      \
+            if (b & 1) I8_STEP(MIN, 1);                                                            \
+            else I8_STEP(MIN, 0);                                                                  \
         }                                                                                          \
         I8_STORE();                                                                                \
     }                                                                                              \
+    I8_ZPTILE(NAME, MIN)                                                                           \
     static void NAME##_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W,      \
                             int n0, int n1, void *scratch)                                         \
     {                                                                                              \
-        const int T = a->T, nb = a->nb;                                                            \
-        pblk *pan = scratch;                                                                       \
+        const int T = a->T, nb = a->nb, np = (nb + 1) / 2;                                         \
+        ppair *pan = scratch;                                                                      \
         for (int n = n0; n < n1;) {                                                                \
             const int R = n1 - n >= I8_ROWS ? I8_ROWS : 1;                                         \
             if (T >= I8_PANEL_MIN_T && pan) {                                                      \
-                for (int r = 0; r < R; r++)                                                        \
+                for (int r = 0; r < R; r++) {                                                      \
+                    ppair *row = pan + (size_t)r * (size_t)np;                                     \
                     for (int b = 0; b < nb; b++) {                                                 \
                         const blk d = DEC(W, n + r, b);                                            \
-                        pan[(size_t)r * (size_t)nb + (size_t)b] = (pblk){ d.w, prep(d.w), d.sw, d.mw }; \
+                        ppair *e = row + (b >> 1);                                                 \
+                        const int h = b & 1;                                                       \
+                        e->w[h] = d.w, e->aux[h] = prep(d.w), e->sw[h] = d.sw, e->mw[h] = d.mw;    \
                     }                                                                              \
-                int t = 0;                                                                         \
-                if (R == I8_ROWS) {                                                                \
-                    for (; t + 2 <= T; t += 2) NAME##_ptile(out, ldo, a, pan, n, t, I8_ROWS, 2);   \
-                    if (t < T) NAME##_ptile(out, ldo, a, pan, n, t, I8_ROWS, 1);                   \
-                } else {                                                                           \
-                    for (; t + 2 <= T; t += 2) NAME##_ptile(out, ldo, a, pan, n, t, 1, 2);         \
-                    if (t < T) NAME##_ptile(out, ldo, a, pan, n, t, 1, 1);                         \
+                    if (nb & 1) {                                                                  \
+                        ppair *e = row + np - 1;                                                   \
+                        e->w[1] = e->aux[1] = _mm256_setzero_si256();                              \
+                        e->sw[1] = e->mw[1] = _mm256_setzero_ps();                                 \
+                    }                                                                              \
                 }                                                                                  \
+                I8_PANEL_RUN(NAME);                                                                \
             } else {                                                                               \
                 int t = 0;                                                                         \
                 if (R == I8_ROWS) {                                                                \
@@ -458,7 +589,7 @@ static void i8_quantize(dol_i8_act *a, const float *x, int t0, int t1)
         }
 }
 
-static size_t i8_scratch_bytes(int K) { return sizeof(pblk) * I8_ROWS * (size_t)(K / 32); }
+static size_t i8_scratch_bytes(int K) { return sizeof(ppair) * I8_ROWS * (size_t)((K / 32 + 1) / 2); }
 
 const dol_cpu_i8 I8_CAT(dol_cpu_i8_, DOL_I8_VARIANT) = {
     .name = I8_STR(DOL_I8_VARIANT),
