@@ -431,13 +431,178 @@ static inline float hsum16_pair(__m512 v)
     } while (0)
 #endif
 
+#if I8_ID == 3
+/* ---- 512-bit in-register tiles (avx512vnni): a pair of blocks per vector ---- */
+
+/* Blocks 2p and 2p + 1 of row n in one vector: lanes 0-7 (bytes 0-31) the
+ * even block's, 8-15 the odd one's, each exactly as DEC gives it. */
+typedef struct {
+    __m512i w;
+    __m512 sw, mw;
+} zblk;
+
+static inline __m512i join_i(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+static inline __m512 join_f(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
+static inline __m512 halves512(float a, float b) { return join_f(_mm256_set1_ps(a), _mm256_set1_ps(b)); }
+static inline __m512i prep512(__m512i w)
+{
+    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), w));
+}
+
+/* Any format: its two blocks decoded apart, then joined. */
+#define I8_DEC2_JOIN(NAME, DEC)                                                                   \
+    static inline zblk NAME##_dec2(const dol_i8_weight *W, int n, int p)                          \
+    {                                                                                              \
+        const blk a = DEC(W, n, 2 * p), b = DEC(W, n, 2 * p + 1);                                  \
+        return (zblk){ join_i(a.w, b.w), join_f(a.sw, b.sw), join_f(a.mw, b.mw) };                 \
+    }
+
+/* The formats read most, decoded a pair at a time. */
+static inline zblk nf4_dec2(const dol_i8_weight *W, int n, int p)
+{
+    const dol_nf4_matrix *m = W->nf4;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(m->codes + (size_t)n * (size_t)(m->cols / 2) + (size_t)p * 32));
+    const __m512i c = _mm512_and_si512(join_i(v, _mm256_srli_epi16(v, 4)), _mm512_set1_epi8(0xF));
+    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)dol_nf4_i8_codes));
+    const uint16_t a = m->scales[(size_t)n * (size_t)m->blocks_per_row + (size_t)p];
+    const float absmax = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(a)));
+    return (zblk){ _mm512_shuffle_epi8(book, c), _mm512_set1_ps(absmax * (1.0f / 127.0f)), _mm512_setzero_ps() };
+}
+
+static inline zblk q4_0_dec2(const dol_i8_weight *W, int n, int p)
+{
+    const uint8_t *b0 = W->base + (size_t)n * W->row_bytes + (size_t)(2 * p) * 18, *b1 = b0 + 18;
+    const __m256i ab = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(b1 + 2)), _mm_loadu_si128((const __m128i *)(b0 + 2)));
+    /* 128-bit lanes [a, b, a >> 4, b >> 4] -> [a lo, a hi, b lo, b hi] */
+    const __m512i z = _mm512_and_si512(join_i(ab, _mm256_srli_epi16(ab, 4)), _mm512_set1_epi8(0xF));
+    const __m512i q = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+    return (zblk){ _mm512_sub_epi8(q, _mm512_set1_epi8(8)), halves512(f16_at(b0), f16_at(b1)), _mm512_setzero_ps() };
+}
+
+static inline zblk q8_0_dec2(const dol_i8_weight *W, int n, int p)
+{
+    const uint8_t *b0 = W->base + (size_t)n * W->row_bytes + (size_t)(2 * p) * 34, *b1 = b0 + 34;
+    return (zblk){ join_i(_mm256_loadu_si256((const __m256i *)(b0 + 2)), _mm256_loadu_si256((const __m256i *)(b1 + 2))),
+                   halves512(f16_at(b0), f16_at(b1)), _mm512_setzero_ps() };
+}
+
+static inline zblk q8_dec2(const dol_i8_weight *W, int n, int p)
+{
+    const dol_q8_matrix *m = W->q8;
+    const int8_t *q = m->quants + (size_t)n * (size_t)m->cols + (size_t)p * 64;
+    const uint16_t *s = m->scales + (size_t)n * (size_t)m->blocks_per_row + (size_t)(2 * p);
+    const float s0 = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(s[0])));
+    const float s1 = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(s[1])));
+    return (zblk){ _mm512_loadu_si512((const void *)q), halves512(s0, s1), _mm512_setzero_ps() };
+}
+
+I8_DEC2_JOIN(q4_1, dec_q4_1)
+I8_DEC2_JOIN(q5_0, dec_q5_0)
+I8_DEC2_JOIN(q5_1, dec_q5_1)
+I8_DEC2_JOIN(q2_k, dec_q2_k)
+I8_DEC2_JOIN(q3_k, dec_q3_k)
+I8_DEC2_JOIN(q4_k, dec_q4_k)
+I8_DEC2_JOIN(q5_k, dec_q5_k)
+I8_DEC2_JOIN(q6_k, dec_q6_k)
+
+/* An R x C tile decoding its pairs as it goes (the operations of
+ * NAME_zptile; an odd last block is decoded alone into half 0). */
+#define I8_ZTILE(NAME, DEC, MIN, ROWP)                                                            \
+    static inline __attribute__((always_inline)) void NAME##_ztile(                               \
+        float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n, int t,            \
+        const int R, const int C)                                                                  \
+    {                                                                                              \
+        const int nb = a->nb;                                                                      \
+        size_t len;                                                                                \
+        const uint8_t *pf = n + 2 * R <= W->N ? ROWP(W, n + R, &len) : NULL;                       \
+        const size_t pf_len = pf ? (size_t)R * len : 0;                                            \
+        __m512 acc[I8_ROWS][2];                                                                    \
+        for (int r = 0; r < R; r++)                                                                \
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();                           \
+        int p = 0;                                                                                 \
+        for (; 2 * p + 1 < nb; p++) {                                                              \
+            for (size_t o = ((size_t)(2 * p) * pf_len / (size_t)nb) & ~(size_t)63,                 \
+                        e = (size_t)(2 * p + 2) * pf_len / (size_t)nb; o < e; o += 64)             \
+                _mm_prefetch((const char *)pf + o, _MM_HINT_T0);                                   \
+            __m512i xq[2];                                                                         \
+            __m512 dx[2], xs[2];                                                                   \
+            for (int c = 0; c < C; c++) {                                                          \
+                const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)(2 * p);                   \
+                xq[c] = xform512(_mm512_loadu_si512((const void *)(a->q + o * 32)));               \
+                dx[c] = pair_scale(a->d + o);                                                      \
+                if (MIN) xs[c] = _mm512_loadu_ps(a->s + o * 8);                                    \
+            }                                                                                      \
+            for (int r = 0; r < R; r++) {                                                          \
+                const zblk k = NAME##_dec2(W, n + r, p);                                           \
+                const __m512i aux = prep512(k.w);                                                  \
+                for (int c = 0; c < C; c++) {                                                      \
+                    const __m512i I = _mm512_dpbusd_epi32(aux, xq[c], k.w);                        \
+                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(k.sw, dx[c]), \
+                                                acc[r][c]);                                        \
+                    if (MIN) acc[r][c] = _mm512_fnmadd_ps(k.mw, xs[c], acc[r][c]);                 \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        if (2 * p < nb) { /* nb odd */                                                             \
+            const __mmask16 lo = 0x00FF;                                                           \
+            const int b = 2 * p;                                                                   \
+            __m512i xq[2];                                                                         \
+            __m512 dx[2], xs[2];                                                                   \
+            for (int c = 0; c < C; c++) {                                                          \
+                const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)b;                         \
+                xq[c] = _mm512_zextsi256_si512(xform(_mm256_loadu_si256((const __m256i *)(a->q + o * 32)))); \
+                dx[c] = _mm512_set1_ps(a->d[o]);                                                   \
+                if (MIN) xs[c] = _mm512_zextps256_ps512(_mm256_loadu_ps(a->s + o * 8));            \
+            }                                                                                      \
+            for (int r = 0; r < R; r++) {                                                          \
+                const blk d = DEC(W, n + r, b);                                                    \
+                const __m512i w = _mm512_zextsi256_si512(d.w), aux = _mm512_zextsi256_si512(prep(d.w)); \
+                const __m512 sw = _mm512_zextps256_ps512(d.sw), mw = _mm512_zextps256_ps512(d.mw); \
+                for (int c = 0; c < C; c++) {                                                      \
+                    const __m512i I = _mm512_dpbusd_epi32(aux, xq[c], w);                          \
+                    acc[r][c] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sw, dx[c]), \
+                                                      acc[r][c], lo);                              \
+                    if (MIN) acc[r][c] = _mm512_mask3_fnmadd_ps(mw, xs[c], acc[r][c], lo);         \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        for (int r = 0; r < R; r++)                                                                \
+            for (int c = 0; c < C; c++)                                                            \
+                out[(size_t)(t + c) * (size_t)ldo + n + r] = hsum16_pair(acc[r][c]);               \
+    }
+#define I8_TILE_RUN(NAME)                                                                         \
+    do {                                                                                          \
+        int t = 0;                                                                                \
+        if (R == I8_ROWS) {                                                                       \
+            for (; t + 2 <= T; t += 2) NAME##_ztile(out, ldo, a, W, n, t, I8_ROWS, 2);            \
+            if (t < T) NAME##_ztile(out, ldo, a, W, n, t, I8_ROWS, 1);                            \
+        } else {                                                                                  \
+            for (; t + 2 <= T; t += 2) NAME##_ztile(out, ldo, a, W, n, t, 1, 2);                  \
+            if (t < T) NAME##_ztile(out, ldo, a, W, n, t, 1, 1);                                  \
+        }                                                                                         \
+    } while (0)
+#else
+#define I8_ZTILE(NAME, DEC, MIN, ROWP)
+#define I8_TILE_RUN(NAME)                                                                         \
+    do {                                                                                          \
+        int t = 0;                                                                                \
+        if (R == I8_ROWS) {                                                                       \
+            for (; t + 2 <= T; t += 2) NAME##_tile(out, ldo, a, W, n, t, I8_ROWS, 2);             \
+            if (t < T) NAME##_tile(out, ldo, a, W, n, t, I8_ROWS, 1);                             \
+        } else {                                                                                  \
+            for (; t + 2 <= T; t += 2) NAME##_tile(out, ldo, a, W, n, t, 1, 2);                   \
+            if (t < T) NAME##_tile(out, ldo, a, W, n, t, 1, 1);                                   \
+        }                                                                                         \
+    } while (0)
+#endif
+
 /* NAME_tile: an R x C tile (rows n .. n+R-1 of W, columns t .. t+C-1 of x)
  * decoding its blocks as it goes; NAME_ptile (NAME_zptile in 512 bits):
  * the same from a panel of R decoded rows; NAME_rows: rows n0 .. n1-1 for
  * every column, through panels from I8_PANEL_MIN_T columns on. The same
  * operations for every output whatever R, C or the path (cpu_i8.h). */
 #define I8_PRODUCT(NAME, DEC, MIN, ROWP)                                                          \
-    static inline __attribute__((always_inline)) void NAME##_tile(                                \
+    static inline __attribute__((always_inline, unused)) void NAME##_tile(                        \
         float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n, int t,            \
         const int R, const int C)                                                                  \
     {                                                                                              \
@@ -481,6 +646,7 @@ static inline float hsum16_pair(__m512 v)
         I8_STORE();                                                                                \
     }                                                                                              \
     I8_ZPTILE(NAME, MIN)                                                                           \
+    I8_ZTILE(NAME, DEC, MIN, ROWP)                                                                 \
     static void NAME##_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W,      \
                             int n0, int n1, void *scratch)                                         \
     {                                                                                              \
@@ -505,14 +671,7 @@ static inline float hsum16_pair(__m512 v)
                 }                                                                                  \
                 I8_PANEL_RUN(NAME);                                                                \
             } else {                                                                               \
-                int t = 0;                                                                         \
-                if (R == I8_ROWS) {                                                                \
-                    for (; t + 2 <= T; t += 2) NAME##_tile(out, ldo, a, W, n, t, I8_ROWS, 2);      \
-                    if (t < T) NAME##_tile(out, ldo, a, W, n, t, I8_ROWS, 1);                      \
-                } else {                                                                           \
-                    for (; t + 2 <= T; t += 2) NAME##_tile(out, ldo, a, W, n, t, 1, 2);            \
-                    if (t < T) NAME##_tile(out, ldo, a, W, n, t, 1, 1);                            \
-                }                                                                                  \
+                I8_TILE_RUN(NAME);                                                                 \
             }                                                                                      \
             n += R;                                                                                \
         }                                                                                          \
