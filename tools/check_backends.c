@@ -59,7 +59,7 @@ static int run_backend(const dol_model *m, dol_backend_kind be, dol_weight_forma
     char err[DOL_ERR_LEN];
     int V = m->cfg.vocab_size;
     int64_t kv = (np + steps + 15) / 16 * 16;
-    dol_engine_params p = { .backend = be, .gpu_memory_utilization = 0.90, .n_threads = threads,
+    dol_engine_params p = { .activations = DOL_ACT_F32, .backend = be, .gpu_memory_utilization = 0.90, .n_threads = threads,
                             .kv_block_size = 16, .kv_cache_tokens = kv, .max_seqs = 2,
                             .max_batch_tokens = np, .weights = wf };
     dol_engine *e = NULL;

@@ -117,7 +117,7 @@ static double mean_abs_diff(const float *a, const float *b, size_t n)
 
 static dol_engine *open_engine(const dol_model *m, dol_weight_format wf, bool head, int threads)
 {
-    dol_engine_params p = { .n_threads = threads, .kv_block_size = 16, .max_seqs = 4,
+    dol_engine_params p = { .activations = DOL_ACT_F32, .n_threads = threads, .kv_block_size = 16, .max_seqs = 4,
                             .max_batch_tokens = 256, .weights = wf, .quantize_lm_head = head };
     dol_engine *e = NULL;
     char err[DOL_ERR_LEN];

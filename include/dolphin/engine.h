@@ -50,9 +50,10 @@ typedef enum {
  * (activations, docs/configuration.md; the design and the accuracy:
  * docs/performance.md, "8-bit activations"). */
 typedef enum {
-    DOL_ACT_AUTO = 0,         /* F32 for now: the int8 kernels are not yet ahead
-                                 on every figure (docs/performance.md,
-                                 "8-bit activations") */
+    DOL_ACT_AUTO = 0,         /* INT8 where an int8 kernel set runs (measured
+                                 ahead of F32 on every figure,
+                                 docs/performance.md, "8-bit activations"),
+                                 else F32, without a warning */
     DOL_ACT_F32,              /* the exact products: F32 activations times the
                                  dequantized weights */
     DOL_ACT_INT8,             /* each row of x quantized to int8 in blocks of 32

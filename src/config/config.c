@@ -153,8 +153,8 @@ static const field FIELDS[] = {
       .help = "with weights nf4 or int8, quantize lm_head too (default: kept in its 16/32 bits)" },
     { .name = "activations", .type = F_ENUM, AT(activations), .choices = CHOICES("auto", "f32", "int8"),
       .def = "auto", .help = "CPU, quantized weights: int8 = 8-bit activations and integer dot "
-                             "products, f32 = the exact products; auto = f32 for now "
-                             "(docs/performance.md)" },
+                             "products, f32 = the exact products; auto = int8 where the CPU "
+                             "has the kernels (docs/performance.md)" },
     { .name = "context_len", .type = F_INT, AT(context_len), .min = 0, .max = NONE,
       .def = "0", .metavar = "N", .help = "context length; 0 = max_position_embeddings" },
     { .name = "weights_cache_dir", .type = F_STR, AT(weights_cache_dir), .def = "",

@@ -627,11 +627,10 @@ static int choose_activations(cpu_engine *e, const dol_engine_params *p)
 {
     const bool quantized = any_quantized(e);
     const dol_cpu_i8 *s = dol_cpu_i8_get();
-    if (p->activations != DOL_ACT_INT8 || !quantized || !s) {
-        const char *why = p->activations == DOL_ACT_F32    ? "asked"
-                          : p->activations == DOL_ACT_AUTO ? "auto"
-                          : !quantized                     ? "weights_not_quantized"
-                                                           : "no_int8_kernels";
+    if (p->activations == DOL_ACT_F32 || !quantized || !s) {
+        const char *why = p->activations == DOL_ACT_F32 ? "asked"
+                          : !quantized                  ? "weights_not_quantized"
+                                                        : "no_int8_kernels";
         const bool warn = p->activations == DOL_ACT_INT8 && quantized;
         dol_log(warn ? DOL_LOG_WARN : DOL_LOG_INFO, "cpu_activations", "activations=f32 reason=%s%s", why,
                 warn ? " asked=int8" : "");
@@ -641,7 +640,8 @@ static int choose_activations(cpu_engine *e, const dol_engine_params *p)
     if (e->c.intermediate_size > kmax) kmax = e->c.intermediate_size;
     if (dol_cpu_i8_act_reserve(&e->xa, e->max_T, kmax) != 0) return -1;
     e->use_i8 = true;
-    dol_log(DOL_LOG_INFO, "cpu_activations", "activations=int8 kernels=%s block=%d", s->name, DOL_I8_BLOCK);
+    dol_log(DOL_LOG_INFO, "cpu_activations", "activations=int8 kernels=%s block=%d reason=%s", s->name,
+            DOL_I8_BLOCK, p->activations == DOL_ACT_AUTO ? "auto" : "asked");
     return 0;
 }
 

@@ -48,7 +48,7 @@ typedef struct {
 
 static dol_engine_params cuda_params(int64_t kv_tokens, int max_seqs)
 {
-    dol_engine_params p = { .backend = DOL_BACKEND_CUDA, .gpu_memory_utilization = 0.90, .n_threads = 1,
+    dol_engine_params p = { .activations = DOL_ACT_F32, .backend = DOL_BACKEND_CUDA, .gpu_memory_utilization = 0.90, .n_threads = 1,
                             .kv_block_size = 16, .kv_cache_tokens = kv_tokens, .max_seqs = max_seqs,
                             .max_batch_tokens = 1024 };
     return p;

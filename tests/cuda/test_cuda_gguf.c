@@ -32,7 +32,7 @@ static dol_engine *cuda_engine(dol_model *m)
 {
     dol_engine *e = NULL;
     char err[DOL_ERR_LEN];
-    dol_engine_params p = {.backend = DOL_BACKEND_CUDA, .gpu_memory_utilization = 0.90,
+    dol_engine_params p = { .activations = DOL_ACT_F32, .backend = DOL_BACKEND_CUDA, .gpu_memory_utilization = 0.90,
                            .n_threads = 1, .kv_block_size = 16, .kv_cache_tokens = 1024,
                            .max_seqs = 2, .max_batch_tokens = 256};
     if (dol_engine_create(m, &p, &e, err, sizeof err) != 0) fail_msg("%s", err);

@@ -41,7 +41,7 @@ static int g_devices;
 
 static dol_engine_params params(void)
 {
-    dol_engine_params p = { .backend = DOL_BACKEND_CUDA, .gpu_memory_utilization = 0.90, .n_threads = 2,
+    dol_engine_params p = { .activations = DOL_ACT_F32, .backend = DOL_BACKEND_CUDA, .gpu_memory_utilization = 0.90, .n_threads = 2,
                             .kv_block_size = 16, .max_seqs = 9, .max_batch_tokens = 512 };
     return p;
 }

@@ -63,6 +63,19 @@ def golden(name):
     return json.loads(p.read_text())
 
 
+def pin_exact_activations(args):
+    """Whether a server started with `args` gets --activations f32: the
+    exact products, which the goldens are made for (the default runs 8-bit
+    activations on quantized weights where the CPU has the kernels). Not
+    when the flags or the --config file choose themselves."""
+    if any(a.startswith("--activations") for a in args):
+        return False
+    for i, a in enumerate(args[:-1]):
+        if a == "--config" and "activations" in Path(args[i + 1]).read_text(errors="replace"):
+            return False
+    return True
+
+
 class Dolphind:
     """One running dolphind on `model` (a test model's name, a model
     directory or a .gguf file; None when `args` name a --config file with a models list)
@@ -84,6 +97,9 @@ class Dolphind:
             self.model_dir = Path(model) if Path(model).is_dir() else model_dir(model)
             self.model = self.model_dir.name
             model_args = ["--model", str(self.model_dir)]
+        args = [*map(str, args)]
+        if pin_exact_activations(args):
+            args += ["--activations", "f32"]
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key

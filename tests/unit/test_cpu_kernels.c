@@ -720,7 +720,7 @@ static void test_engine_bf16_weights(void **state)
         weights += n;
     }
 
-    dol_engine_params p = { .backend = DOL_BACKEND_CPU, .n_threads = 2, .kv_block_size = 16,
+    dol_engine_params p = { .activations = DOL_ACT_F32, .backend = DOL_BACKEND_CPU, .n_threads = 2, .kv_block_size = 16,
                             .kv_cache_tokens = 256, .max_seqs = 4, .max_batch_tokens = 64,
                             .kv_dtype = DOL_KV_F32 };
     dol_engine *ea = NULL, *ef = NULL;

@@ -36,7 +36,7 @@ static fixture open_model_kv(const char *name, int threads, int64_t kv_tokens, d
     int rc = dol_model_load(dir, &fx.m, err, sizeof err);
     if (rc != 0) fprintf(stderr, "%s\n", err);
     assert_int_equal(rc, 0);
-    dol_engine_params p = { .n_threads = threads, .kv_block_size = 16,
+    dol_engine_params p = { .activations = DOL_ACT_F32, .n_threads = threads, .kv_block_size = 16,
                             .kv_cache_tokens = kv_tokens, .max_seqs = 16,
                             .max_batch_tokens = 1024, .kv_dtype = kv,
                             .fast_prefill = g_fast_prefill };

@@ -346,7 +346,7 @@ static void test_valid_file(void **state)
 
     /* an engine runs it */
     dol_engine *e = NULL;
-    dol_engine_params p = {.n_threads = 1, .kv_block_size = 16, .kv_cache_tokens = 64,
+    dol_engine_params p = { .activations = DOL_ACT_F32, .n_threads = 1, .kv_block_size = 16, .kv_cache_tokens = 64,
                            .max_seqs = 2, .max_batch_tokens = 64, .kv_dtype = DOL_KV_F32,
                            .backend = DOL_BACKEND_CPU};
     if (dol_engine_create(m, &p, &e, err, sizeof err) != 0) fail_msg("%s", err);
@@ -388,7 +388,7 @@ static void test_bf16_in_the_engine(void **state)
         if (load_spec(&s, &m, err, sizeof err) != 0) fail_msg("%s", err);
         assert_int_equal(m->layers[0].q.dtype, k ? DOL_DTYPE_BF16 : DOL_DTYPE_F32);
         dol_engine *e = NULL;
-        dol_engine_params p = {.n_threads = 1, .kv_block_size = 16, .kv_cache_tokens = 64,
+        dol_engine_params p = { .activations = DOL_ACT_F32, .n_threads = 1, .kv_block_size = 16, .kv_cache_tokens = 64,
                                .max_seqs = 2, .max_batch_tokens = 64, .kv_dtype = DOL_KV_F32,
                                .backend = DOL_BACKEND_CPU};
         if (dol_engine_create(m, &p, &e, err, sizeof err) != 0) fail_msg("%s", err);
@@ -428,7 +428,7 @@ static void test_linear_rope_in_the_engine(void **state)
         assert_int_equal(m->cfg.vocab_size, V);
         if (k) m->cfg.rope_scale = 2.0f;
         dol_engine *e = NULL;
-        dol_engine_params p = {.n_threads = 1, .kv_block_size = 16, .kv_cache_tokens = 64,
+        dol_engine_params p = { .activations = DOL_ACT_F32, .n_threads = 1, .kv_block_size = 16, .kv_cache_tokens = 64,
                                .max_seqs = 2, .max_batch_tokens = 64, .kv_dtype = DOL_KV_F32,
                                .backend = DOL_BACKEND_CPU};
         if (dol_engine_create(m, &p, &e, err, sizeof err) != 0) fail_msg("%s", err);
@@ -642,7 +642,7 @@ static dol_engine *cpu_engine(dol_model *m)
 {
     dol_engine *e = NULL;
     char err[DOL_ERR_LEN];
-    dol_engine_params p = {.n_threads = 2, .kv_block_size = 16, .kv_cache_tokens = 1024,
+    dol_engine_params p = { .activations = DOL_ACT_F32, .n_threads = 2, .kv_block_size = 16, .kv_cache_tokens = 1024,
                            .max_seqs = 2, .max_batch_tokens = 256, .kv_dtype = DOL_KV_F32,
                            .backend = DOL_BACKEND_CPU};
     if (dol_engine_create(m, &p, &e, err, sizeof err) != 0) fail_msg("%s", err);

@@ -294,7 +294,8 @@ static void test_batch_invariant(void **state)
     int seen = 0;
     dol_pool *pools[2] = { dol_pool_new(1), dol_pool_new(2) };
     for (int si = 0; si < N_SET_NAMES; si++) {
-        if (dol_cpu_i8_set(SET_NAMES[si]) != 0) continue;
+        /* (none is in use under the portable F32 kernels) */
+        if (dol_cpu_i8_set(SET_NAMES[si]) != 0 || !dol_cpu_i8_get()) continue;
         seen++;
         for (size_t fi = 0; fi < N_FORMATS; fi++) {
             const format *f = &FORMATS[fi];
@@ -495,6 +496,31 @@ static void test_gguf_kl(void **state)
     if (!seen) skip();
 }
 
+/* The default (AUTO): int8 for quantized weights where an int8 set runs,
+ * f32 for F16 weights and where none runs; F32 asked stays F32. */
+static void test_default_choice(void **state)
+{
+    (void)state;
+    static const struct { const char *file; bool quantized; } files[] = {
+        {"k256-Q4_0.gguf", true}, {"k256-Q4_K_M.gguf", true}, {"k256-F16.gguf", false}};
+    int seen = 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[1200], err[DOL_ERR_LEN];
+        snprintf(path, sizeof path, "%s/models/gguf/%s", test_shared_dir(), files[i].file);
+        dol_model *m = NULL;
+        if (dol_model_load(path, &m, err, sizeof err) != 0) continue;
+        dol_engine *a = engine_with(m, DOL_ACT_AUTO), *f = engine_with(m, DOL_ACT_F32);
+        const bool i8 = files[i].quantized && dol_cpu_i8_get() != NULL;
+        assert_string_equal(dol_engine_activations(a), i8 ? "int8" : "f32");
+        assert_string_equal(dol_engine_activations(f), "f32");
+        dol_engine_free(a);
+        dol_engine_free(f);
+        dol_model_free(m);
+        seen++;
+    }
+    if (!seen) skip();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -504,6 +530,7 @@ int main(void)
         cmocka_unit_test(test_batch_invariant),
         cmocka_unit_test(test_error_bound),
         cmocka_unit_test(test_gguf_kl),
+        cmocka_unit_test(test_default_choice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -199,7 +199,7 @@ static void test_engine_bytes(void **state)
     assert_int_equal(dol_model_load(dir, &m, err, sizeof err), 0);
     const dol_model_config *c = &m->cfg;
     for (int head = 0; head < 2; head++) {
-        dol_engine_params p = { .n_threads = 1, .kv_block_size = 16, .max_seqs = 1,
+        dol_engine_params p = { .activations = DOL_ACT_F32, .n_threads = 1, .kv_block_size = 16, .max_seqs = 1,
                                 .max_batch_tokens = 16, .weights = DOL_WEIGHTS_INT8,
                                 .quantize_lm_head = head, .kv_cache_tokens = 64 };
         dol_engine *e = NULL;

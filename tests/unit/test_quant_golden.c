@@ -164,7 +164,7 @@ static dol_engine *open_engine(const dol_model *m, dol_weight_format wf)
 {
     /* an F32 KV cache on the CPU, so that only the weights' scheme moves the
      * logits from the float64 reference (CUDA keeps its F16 cache) */
-    dol_engine_params p = { .backend = QG_BACKEND, .n_threads = 2, .kv_block_size = 16,
+    dol_engine_params p = { .activations = DOL_ACT_F32, .backend = QG_BACKEND, .n_threads = 2, .kv_block_size = 16,
                             .max_seqs = 2, .max_batch_tokens = 512, .weights = wf,
                             .gpu_memory_utilization = 0.9, .kv_cache_tokens = 2048,
                             .kv_dtype = DOL_KV_F32, .fast_prefill = g_fast };

@@ -54,7 +54,7 @@ static int teardown(void **state)
 static dol_engine *open_logged(const dol_model *m, dol_weight_format wf, const char *dir,
                                char *log, size_t n)
 {
-    dol_engine_params p = { .n_threads = 2, .kv_block_size = 16, .max_seqs = 2,
+    dol_engine_params p = { .activations = DOL_ACT_F32, .n_threads = 2, .kv_block_size = 16, .max_seqs = 2,
                             .max_batch_tokens = 64, .kv_cache_tokens = 64, .weights = wf,
                             .weights_cache_dir = dir };
     char path[300];
