@@ -325,7 +325,7 @@ typedef struct {
 /* The 512-bit panel product: a pair of blocks per vector, lanes 0-7 the
  * even block's (accumulator half 0), 8-15 the odd one's, each lane the
  * operations of I8_STEP on that block, so the bits are the 256-bit ones. */
-#define I8_ZC 2 /* columns of x per 512-bit tile */
+#define I8_ZC 4 /* columns of x per 512-bit panel tile (at most) */
 static inline __m512i xform512(__m512i q) { return _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80)); }
 
 /* d of blocks o and o + 1 in lanes 0-7 and 8-15 */
@@ -409,11 +409,13 @@ static inline float hsum16_pair(__m512 v)
     do {                                                                                          \
         int t = 0;                                                                                \
         if (R == I8_ROWS) {                                                                       \
-            for (; t + I8_ZC <= T; t += I8_ZC) NAME##_zptile(out, ldo, a, pan, n, t, I8_ROWS, I8_ZC); \
-            for (; t < T; t++) NAME##_zptile(out, ldo, a, pan, n, t, I8_ROWS, 1);                 \
+            for (; t + 4 <= T; t += 4) NAME##_zptile(out, ldo, a, pan, n, t, I8_ROWS, 4);         \
+            if (t + 2 <= T) NAME##_zptile(out, ldo, a, pan, n, t, I8_ROWS, 2), t += 2;            \
+            if (t < T) NAME##_zptile(out, ldo, a, pan, n, t, I8_ROWS, 1);                         \
         } else {                                                                                  \
-            for (; t + I8_ZC <= T; t += I8_ZC) NAME##_zptile(out, ldo, a, pan, n, t, 1, I8_ZC);   \
-            for (; t < T; t++) NAME##_zptile(out, ldo, a, pan, n, t, 1, 1);                       \
+            for (; t + 4 <= T; t += 4) NAME##_zptile(out, ldo, a, pan, n, t, 1, 4);               \
+            if (t + 2 <= T) NAME##_zptile(out, ldo, a, pan, n, t, 1, 2), t += 2;                  \
+            if (t < T) NAME##_zptile(out, ldo, a, pan, n, t, 1, 1);                               \
         }                                                                                         \
     } while (0)
 #else
