@@ -60,6 +60,8 @@ typedef struct dol_i8_act {
     int8_t *q;  /* [T][K] quantized inputs */
     float *d;   /* [T][nb] block scales */
     float *s;   /* [T][nb][8] sums of each group of 4 quantized inputs, times d */
+    uint8_t *u; /* [T][K] q + 128 (q ^ 0x80): the unsigned operand of vpdpbusd */
+    float *dv;  /* [T][nb][8] d of each block, repeated over the block's 8 lanes */
     size_t cap; /* rows the arrays hold, of K_cap inputs */
     int K_cap;
 } dol_i8_act;

@@ -282,8 +282,13 @@ typedef struct {
 } ppair;
 
 /* Rows of W decoded once into a panel from this many rows of x on (below,
- * each tile decodes its blocks itself: every block is used once or twice). */
+ * each tile decodes its blocks itself: every block is used once or twice;
+ * the 512-bit set's in-register tiles take up to 8 rows of x a decode). */
+#if I8_ID == 3
+#define I8_PANEL_MIN_T 16
+#else
 #define I8_PANEL_MIN_T 3
+#endif
 #define I8_ROWS 4 /* rows of W per tile, and per panel */
 
 /* Accumulation: every output keeps two accumulators of 8 lanes, one for the
@@ -326,6 +331,7 @@ typedef struct {
  * even block's (accumulator half 0), 8-15 the odd one's, each lane the
  * operations of I8_STEP on that block, so the bits are the 256-bit ones. */
 #define I8_ZC 4 /* columns of x per 512-bit panel tile (at most) */
+/* The panel tiles read q and d (a prefill's u and dv would not stay in L2). */
 static inline __m512i xform512(__m512i q) { return _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80)); }
 
 /* d of blocks o and o + 1 in lanes 0-7 and 8-15 */
@@ -381,8 +387,7 @@ static inline float hsum16_pair(__m512 v)
             __m512 dx[I8_ZC], xs[I8_ZC];                                                           \
             for (int c = 0; c < C; c++) {                                                          \
                 const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)(2 * p);                   \
-                xq[c] = _mm512_zextsi256_si512(                                                    \
-                    xform(_mm256_loadu_si256((const __m256i *)(a->q + o * 32))));                  \
+                xq[c] = _mm512_zextsi256_si512(xform(_mm256_loadu_si256((const __m256i *)(a->q + o * 32)))); \
                 dx[c] = _mm512_set1_ps(a->d[o]);                                                   \
                 if (MIN) xs[c] = _mm512_zextps256_ps512(_mm256_loadu_ps(a->s + o * 8));            \
             }                                                                                      \
@@ -503,12 +508,48 @@ I8_DEC2_JOIN(q5_0, dec_q5_0)
 I8_DEC2_JOIN(q5_1, dec_q5_1)
 I8_DEC2_JOIN(q2_k, dec_q2_k)
 I8_DEC2_JOIN(q3_k, dec_q3_k)
-I8_DEC2_JOIN(q4_k, dec_q4_k)
 I8_DEC2_JOIN(q5_k, dec_q5_k)
-I8_DEC2_JOIN(q6_k, dec_q6_k)
 
-/* An R x C tile decoding its pairs as it goes (the operations of
- * NAME_zptile; an odd last block is decoded alone into half 0). */
+/* Q4_K: the pair is chunk j / 2 of the super-block, its low nibbles then
+ * its high ones (as NF4's block of 64). */
+static inline zblk q4_k_dec2(const dol_i8_weight *W, int n, int p)
+{
+    const int b = 2 * p, j = b & 7;
+    const uint8_t *sb = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 144;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * (j >> 1)));
+    const __m512i q = _mm512_and_si512(join_i(v, _mm256_srli_epi16(v, 4)), _mm512_set1_epi8(0xF));
+    int s0, m0, s1, m1;
+    dol_blk_k4_scale_min(j, sb + 4, &s0, &m0);
+    dol_blk_k4_scale_min(j + 1, sb + 4, &s1, &m1);
+    const float d = f16_at(sb), dm = f16_at(sb + 2);
+    return (zblk){ q, halves512(d * (float)s0, d * (float)s1), halves512(dm * (float)m0, dm * (float)m1) };
+}
+
+/* Q6_K: sub-blocks j, j + 1 (j even) are 64 consecutive bytes of ql (the
+ * same nibble), their high bits 2 qd and 2 qd + 2 of the same 32 bytes of
+ * qh, a scale per 16 weights. */
+static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
+{
+    const int b = 2 * p, j = b & 7, h = j >> 2, qd = j & 3;
+    const uint8_t *sb = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 210;
+    const __m512i lb = _mm512_loadu_si512((const void *)(sb + 64 * h));
+    const __m512i lo = _mm512_and_si512(_mm512_srl_epi16(lb, _mm_cvtsi32_si128((qd & 2) ? 4 : 0)), _mm512_set1_epi8(0xF));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * h));
+    const __m512i hz = join_i(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qd)), _mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qd + 2)));
+    const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(hz, 4), _mm512_set1_epi8(0x30));
+    const __m512i q = _mm512_sub_epi8(_mm512_or_si512(lo, hi), _mm512_set1_epi8(32));
+    const float d = f16_at(sb + 208);
+    const int8_t *sc = (const int8_t *)(sb + 192 + 8 * h + 2 * qd);
+    const __m512 sw = join_f(_mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(d * (float)sc[0])), _mm_set1_ps(d * (float)sc[1]), 1),
+                             _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(d * (float)sc[2])), _mm_set1_ps(d * (float)sc[3]), 1));
+    return (zblk){ q, sw, _mm512_setzero_ps() };
+}
+
+/* An R x C tile decoding its pairs as it goes (R * C <= 16; the operations
+ * of NAME_zptile; an odd last block is decoded alone into half 0): the R
+ * rows' pair is decoded into registers, then each column of x is loaded
+ * once and multiplied by all of them. */
+#define I8_ZMAXC 8
 #define I8_ZTILE(NAME, DEC, MIN, ROWP)                                                            \
     static inline __attribute__((always_inline)) void NAME##_ztile(                               \
         float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n, int t,            \
@@ -518,7 +559,7 @@ I8_DEC2_JOIN(q6_k, dec_q6_k)
         size_t len;                                                                                \
         const uint8_t *pf = n + 2 * R <= W->N ? ROWP(W, n + R, &len) : NULL;                       \
         const size_t pf_len = pf ? (size_t)R * len : 0;                                            \
-        __m512 acc[I8_ROWS][2];                                                                    \
+        __m512 acc[I8_ROWS][I8_ZMAXC];                                                             \
         for (int r = 0; r < R; r++)                                                                \
             for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();                           \
         int p = 0;                                                                                 \
@@ -526,45 +567,44 @@ I8_DEC2_JOIN(q6_k, dec_q6_k)
             for (size_t o = ((size_t)(2 * p) * pf_len / (size_t)nb) & ~(size_t)63,                 \
                         e = (size_t)(2 * p + 2) * pf_len / (size_t)nb; o < e; o += 64)             \
                 _mm_prefetch((const char *)pf + o, _MM_HINT_T0);                                   \
-            __m512i xq[2];                                                                         \
-            __m512 dx[2], xs[2];                                                                   \
+            zblk k[I8_ROWS];                                                                       \
+            __m512i aux[I8_ROWS];                                                                  \
+            for (int r = 0; r < R; r++) {                                                          \
+                k[r] = NAME##_dec2(W, n + r, p);                                                   \
+                aux[r] = prep512(k[r].w);                                                          \
+            }                                                                                      \
             for (int c = 0; c < C; c++) {                                                          \
                 const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)(2 * p);                   \
-                xq[c] = xform512(_mm512_loadu_si512((const void *)(a->q + o * 32)));               \
-                dx[c] = pair_scale(a->d + o);                                                      \
-                if (MIN) xs[c] = _mm512_loadu_ps(a->s + o * 8);                                    \
-            }                                                                                      \
-            for (int r = 0; r < R; r++) {                                                          \
-                const zblk k = NAME##_dec2(W, n + r, p);                                           \
-                const __m512i aux = prep512(k.w);                                                  \
-                for (int c = 0; c < C; c++) {                                                      \
-                    const __m512i I = _mm512_dpbusd_epi32(aux, xq[c], k.w);                        \
-                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(k.sw, dx[c]), \
+                const __m512i xq = _mm512_loadu_si512((const void *)(a->u + o * 32));              \
+                const __m512 dx = _mm512_loadu_ps(a->dv + o * 8);                                  \
+                for (int r = 0; r < R; r++) {                                                      \
+                    const __m512i I = _mm512_dpbusd_epi32(aux[r], xq, k[r].w);                     \
+                    acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(k[r].sw, dx), \
                                                 acc[r][c]);                                        \
-                    if (MIN) acc[r][c] = _mm512_fnmadd_ps(k.mw, xs[c], acc[r][c]);                 \
+                    if (MIN) acc[r][c] = _mm512_fnmadd_ps(k[r].mw, _mm512_loadu_ps(a->s + o * 8), acc[r][c]); \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
         if (2 * p < nb) { /* nb odd */                                                             \
             const __mmask16 lo = 0x00FF;                                                           \
             const int b = 2 * p;                                                                   \
-            __m512i xq[2];                                                                         \
-            __m512 dx[2], xs[2];                                                                   \
-            for (int c = 0; c < C; c++) {                                                          \
-                const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)b;                         \
-                xq[c] = _mm512_zextsi256_si512(xform(_mm256_loadu_si256((const __m256i *)(a->q + o * 32)))); \
-                dx[c] = _mm512_set1_ps(a->d[o]);                                                   \
-                if (MIN) xs[c] = _mm512_zextps256_ps512(_mm256_loadu_ps(a->s + o * 8));            \
-            }                                                                                      \
+            __m512i w[I8_ROWS], aux[I8_ROWS];                                                      \
+            __m512 sw[I8_ROWS], mw[I8_ROWS];                                                       \
             for (int r = 0; r < R; r++) {                                                          \
                 const blk d = DEC(W, n + r, b);                                                    \
-                const __m512i w = _mm512_zextsi256_si512(d.w), aux = _mm512_zextsi256_si512(prep(d.w)); \
-                const __m512 sw = _mm512_zextps256_ps512(d.sw), mw = _mm512_zextps256_ps512(d.mw); \
-                for (int c = 0; c < C; c++) {                                                      \
-                    const __m512i I = _mm512_dpbusd_epi32(aux, xq[c], w);                          \
-                    acc[r][c] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sw, dx[c]), \
+                w[r] = _mm512_zextsi256_si512(d.w), aux[r] = _mm512_zextsi256_si512(prep(d.w));    \
+                sw[r] = _mm512_zextps256_ps512(d.sw), mw[r] = _mm512_zextps256_ps512(d.mw);        \
+            }                                                                                      \
+            for (int c = 0; c < C; c++) {                                                          \
+                const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)b;                         \
+                const __m512i xq = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(a->u + o * 32))); \
+                const __m512 dx = _mm512_set1_ps(a->d[o]);                                         \
+                const __m512 xs = _mm512_zextps256_ps512(_mm256_loadu_ps(a->s + o * 8));           \
+                for (int r = 0; r < R; r++) {                                                      \
+                    const __m512i I = _mm512_dpbusd_epi32(aux[r], xq, w[r]);                       \
+                    acc[r][c] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sw[r], dx), \
                                                       acc[r][c], lo);                              \
-                    if (MIN) acc[r][c] = _mm512_mask3_fnmadd_ps(mw, xs[c], acc[r][c], lo);         \
+                    if (MIN) acc[r][c] = _mm512_mask3_fnmadd_ps(mw[r], xs, acc[r][c], lo);         \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
@@ -572,15 +612,40 @@ I8_DEC2_JOIN(q6_k, dec_q6_k)
             for (int c = 0; c < C; c++)                                                            \
                 out[(size_t)(t + c) * (size_t)ldo + n + r] = hsum16_pair(acc[r][c]);               \
     }
+/* In-register tiles: 4 rows of W x 1-2 of x (decode, memory-bound), 2 x 8
+ * (a batch: each decoded pair serves 8 rows of x). */
 #define I8_TILE_RUN(NAME)                                                                         \
     do {                                                                                          \
         int t = 0;                                                                                \
-        if (R == I8_ROWS) {                                                                       \
-            for (; t + 2 <= T; t += 2) NAME##_ztile(out, ldo, a, W, n, t, I8_ROWS, 2);            \
-            if (t < T) NAME##_ztile(out, ldo, a, W, n, t, I8_ROWS, 1);                            \
+        if (T <= 2) {                                                                             \
+            if (R == I8_ROWS) {                                                                   \
+                if (T == 2) NAME##_ztile(out, ldo, a, W, n, 0, I8_ROWS, 2);                       \
+                else NAME##_ztile(out, ldo, a, W, n, 0, I8_ROWS, 1);                              \
+            } else {                                                                              \
+                if (T == 2) NAME##_ztile(out, ldo, a, W, n, 0, 1, 2);                             \
+                else NAME##_ztile(out, ldo, a, W, n, 0, 1, 1);                                    \
+            }                                                                                     \
         } else {                                                                                  \
-            for (; t + 2 <= T; t += 2) NAME##_ztile(out, ldo, a, W, n, t, 1, 2);                  \
-            if (t < T) NAME##_ztile(out, ldo, a, W, n, t, 1, 1);                                  \
+            for (int r = 0; r < R; r += 2) {                                                      \
+                const int rr = R - r >= 2 ? 2 : 1;                                                \
+                for (t = 0; t + 8 <= T; t += 8)                                                   \
+                    if (rr == 2) NAME##_ztile(out, ldo, a, W, n + r, t, 2, 8);                    \
+                    else NAME##_ztile(out, ldo, a, W, n + r, t, 1, 8);                            \
+                if (t + 4 <= T) {                                                                 \
+                    if (rr == 2) NAME##_ztile(out, ldo, a, W, n + r, t, 2, 4);                    \
+                    else NAME##_ztile(out, ldo, a, W, n + r, t, 1, 4);                            \
+                    t += 4;                                                                       \
+                }                                                                                 \
+                if (t + 2 <= T) {                                                                 \
+                    if (rr == 2) NAME##_ztile(out, ldo, a, W, n + r, t, 2, 2);                    \
+                    else NAME##_ztile(out, ldo, a, W, n + r, t, 1, 2);                            \
+                    t += 2;                                                                       \
+                }                                                                                 \
+                if (t < T) {                                                                      \
+                    if (rr == 2) NAME##_ztile(out, ldo, a, W, n + r, t, 2, 1);                    \
+                    else NAME##_ztile(out, ldo, a, W, n + r, t, 1, 1);                            \
+                }                                                                                 \
+            }                                                                                     \
         }                                                                                         \
     } while (0)
 #else
@@ -719,6 +784,7 @@ static void i8_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_weigh
 static void i8_quantize(dol_i8_act *a, const float *x, int t0, int t1)
 {
     const int nb = a->nb, K = a->K;
+    const bool uv = I8_ID == 3 && a->T < I8_PANEL_MIN_T;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int t = t0; t < t1; t++)
         for (int b = 0; b < nb; b++) {
@@ -743,6 +809,10 @@ static void i8_quantize(dol_i8_act *a, const float *x, int t0, int t1)
             const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
             const __m256i q = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256((__m256i *)(a->q + o * 32), q);
+            if (uv) { /* for the 512-bit in-register tiles */
+                _mm256_storeu_si256((__m256i *)(a->u + o * 32), _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
+                _mm256_storeu_ps(a->dv + o * 8, _mm256_set1_ps(a->d[o]));
+            }
             float *s = a->s + o * 8;
             const int8_t *qb = a->q + o * 32;
             for (int j = 0; j < 8; j++)
