@@ -93,6 +93,13 @@ static inline __m256i nibbles_lo_hi(const uint8_t *p)
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
 
+static inline uint32_t le32(const uint8_t *p)
+{
+    uint32_t u;
+    memcpy(&u, p, 4); /* x86: little-endian, as GGUF */
+    return u;
+}
+
 /* Bit i of the 32 bits at p, for byte i, as 0 or `val`. */
 static inline __m256i bits32(const uint8_t *p, char val)
 {
@@ -518,11 +525,17 @@ static inline zblk q4_k_dec2(const dol_i8_weight *W, int n, int p)
     const uint8_t *sb = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 144;
     const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * (j >> 1)));
     const __m512i q = _mm512_and_si512(join_i(v, _mm256_srli_epi16(v, 4)), _mm512_set1_epi8(0xF));
-    int s0, m0, s1, m1;
-    dol_blk_k4_scale_min(j, sb + 4, &s0, &m0);
-    dol_blk_k4_scale_min(j + 1, sb + 4, &s1, &m1);
-    const float d = f16_at(sb), dm = f16_at(sb + 2);
-    return (zblk){ q, halves512(d * (float)s0, d * (float)s1), halves512(dm * (float)m0, dm * (float)m1) };
+    /* the 6-bit scales and mins of sub-blocks 4h .. 4h+3 (h = j / 4), a byte
+     * each (dol_blk_k4_scale_min, four at a time), times d and dmin */
+    const uint32_t a0 = le32(sb + 4), a1 = le32(sb + 8), a2 = le32(sb + 12);
+    const uint32_t scw = j < 4 ? a0 & 0x3f3f3f3fu : (a2 & 0x0f0f0f0fu) | ((a0 >> 2) & 0x30303030u);
+    const uint32_t mnw = j < 4 ? a1 & 0x3f3f3f3fu : ((a2 >> 4) & 0x0f0f0f0fu) | ((a1 >> 2) & 0x30303030u);
+    const __m128 scf = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)scw))), _mm_set1_ps(f16_at(sb)));
+    const __m128 mnf = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)mnw))), _mm_set1_ps(f16_at(sb + 2)));
+    const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                         _mm512_set1_epi32(j & 3));
+    return (zblk){ q, _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(scf)),
+                   _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(mnf)) };
 }
 
 /* Q6_K: sub-blocks j, j + 1 (j even) are 64 consecutive bytes of ql (the
@@ -538,10 +551,11 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
     const __m512i hz = join_i(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qd)), _mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qd + 2)));
     const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(hz, 4), _mm512_set1_epi8(0x30));
     const __m512i q = _mm512_sub_epi8(_mm512_or_si512(lo, hi), _mm512_set1_epi8(32));
-    const float d = f16_at(sb + 208);
-    const int8_t *sc = (const int8_t *)(sb + 192 + 8 * h + 2 * qd);
-    const __m512 sw = join_f(_mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(d * (float)sc[0])), _mm_set1_ps(d * (float)sc[1]), 1),
-                             _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(d * (float)sc[2])), _mm_set1_ps(d * (float)sc[3]), 1));
+    /* the four scales of 16 weights, times d, each over 4 lanes */
+    const __m128 scf = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128((int)le32(sb + 192 + 8 * h + 2 * qd)))),
+                                  _mm_set1_ps(f16_at(sb + 208)));
+    const __m512 sw = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                            _mm512_castps128_ps512(scf));
     return (zblk){ q, sw, _mm512_setzero_ps() };
 }
 
@@ -613,11 +627,21 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
                 out[(size_t)(t + c) * (size_t)ldo + n + r] = hsum16_pair(acc[r][c]);               \
     }
 /* In-register tiles: 4 rows of W x 1-2 of x (decode, memory-bound), 2 x 8
- * (a batch: each decoded pair serves 8 rows of x). */
+ * (a batch: each decoded pair serves 8 rows of x); u and dv are filled
+ * below I8_PANEL_MIN_T rows only, so from there without a panel (no
+ * scratch) the 256-bit tiles run (the same bits). */
 #define I8_TILE_RUN(NAME)                                                                         \
     do {                                                                                          \
         int t = 0;                                                                                \
-        if (T <= 2) {                                                                             \
+        if (T >= I8_PANEL_MIN_T) {                                                                \
+            if (R == I8_ROWS) {                                                                   \
+                for (; t + 2 <= T; t += 2) NAME##_tile(out, ldo, a, W, n, t, I8_ROWS, 2);         \
+                if (t < T) NAME##_tile(out, ldo, a, W, n, t, I8_ROWS, 1);                         \
+            } else {                                                                              \
+                for (; t + 2 <= T; t += 2) NAME##_tile(out, ldo, a, W, n, t, 1, 2);               \
+                if (t < T) NAME##_tile(out, ldo, a, W, n, t, 1, 1);                               \
+            }                                                                                     \
+        } else if (T <= 2) {                                                                      \
             if (R == I8_ROWS) {                                                                   \
                 if (T == 2) NAME##_ztile(out, ldo, a, W, n, 0, I8_ROWS, 2);                       \
                 else NAME##_ztile(out, ldo, a, W, n, 0, I8_ROWS, 1);                              \

@@ -2,7 +2,7 @@
  * the NF4 int8 code book, the activation quantizer, every weight format
  * against a float64 evaluation of the documented arithmetic on the same
  * quantized activations, the same bits from every int8 kernel set usable
- * here, and batch invariance through the engine's products (T = 1 .. 9,
+ * here, and batch invariance through the engine's products (T = 1 .. 18,
  * one and two threads, every format). Skipped where no int8 set is usable. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -229,68 +229,70 @@ static void check_reference(const char *what, const float *out, const matrix *m,
 static void test_formats(void **state)
 {
     (void)state;
-    const int T = 5, N = 13; /* 4x2 tiles and every remainder */
+    const int N = 13; /* 4 x 2 tiles and every remainder */
     int seen = 0;
-    for (size_t fi = 0; fi < N_FORMATS; fi++) {
-        const format *f = &FORMATS[fi];
-        matrix m;
-        make_matrix(f, N, &m);
-        float *x = awkward_x(T, f->K);
-        float *first = NULL;
-        for (int si = 0; si < N_SET_NAMES; si++) {
-            const dol_cpu_i8 *s = dol_cpu_i8_find(SET_NAMES[si]);
-            if (!s) continue;
-            seen++;
-            assert_true(dol_cpu_i8_takes(f->t, f->K));
-            dol_i8_act a = {0};
-            assert_int_equal(dol_cpu_i8_act_reserve(&a, T, f->K), 0);
-            s->quantize(&a, x, 0, T);
-            float *out = malloc(sizeof(float) * (size_t)T * N);
-            s->rows(out, N, &a, &m.v, 0, N, NULL);
-            char what[64];
-            snprintf(what, sizeof what, "%s on %s", f->name, s->name);
-            check_reference(what, out, &m, &a);
-            /* through the decoded panels: the same bits */
-            void *scratch = aligned_alloc(64, (s->scratch_bytes(f->K) + 63) / 64 * 64);
-            float *viap = malloc(sizeof(float) * (size_t)T * N);
-            s->rows(viap, N, &a, &m.v, 0, N, scratch);
-            if (memcmp(viap, out, sizeof(float) * (size_t)T * N) != 0)
-                fail_msg("%s: the panel path gives other bits", what);
-            free(viap);
-            /* a part of the rows writes just those */
-            float *part = malloc(sizeof(float) * (size_t)T * N);
-            for (int i = 0; i < T * N; i++) part[i] = -7.0f;
-            s->rows(part, N, &a, &m.v, 3, 10, scratch);
-            free(scratch);
-            for (int t = 0; t < T; t++)
-                for (int n = 0; n < N; n++) {
-                    const float p = part[(size_t)t * N + n], o = out[(size_t)t * N + n];
-                    assert_true(n >= 3 && n < 10 ? memcmp(&p, &o, sizeof p) == 0 : p == -7.0f);
+    for (int T = 5; T <= 19; T += 14) { /* the in-register tiles, then the panels (16 rows on) */
+        for (size_t fi = 0; fi < N_FORMATS; fi++) {
+            const format *f = &FORMATS[fi];
+            matrix m;
+            make_matrix(f, N, &m);
+            float *x = awkward_x(T, f->K);
+            float *first = NULL;
+            for (int si = 0; si < N_SET_NAMES; si++) {
+                const dol_cpu_i8 *s = dol_cpu_i8_find(SET_NAMES[si]);
+                if (!s) continue;
+                seen++;
+                assert_true(dol_cpu_i8_takes(f->t, f->K));
+                dol_i8_act a = {0};
+                assert_int_equal(dol_cpu_i8_act_reserve(&a, T, f->K), 0);
+                s->quantize(&a, x, 0, T);
+                float *out = malloc(sizeof(float) * (size_t)T * N);
+                s->rows(out, N, &a, &m.v, 0, N, NULL);
+                char what[64];
+                snprintf(what, sizeof what, "%s on %s", f->name, s->name);
+                check_reference(what, out, &m, &a);
+                /* through the decoded panels: the same bits */
+                void *scratch = aligned_alloc(64, (s->scratch_bytes(f->K) + 63) / 64 * 64);
+                float *viap = malloc(sizeof(float) * (size_t)T * N);
+                s->rows(viap, N, &a, &m.v, 0, N, scratch);
+                if (memcmp(viap, out, sizeof(float) * (size_t)T * N) != 0)
+                    fail_msg("%s: the panel path gives other bits", what);
+                free(viap);
+                /* a part of the rows writes just those */
+                float *part = malloc(sizeof(float) * (size_t)T * N);
+                for (int i = 0; i < T * N; i++) part[i] = -7.0f;
+                s->rows(part, N, &a, &m.v, 3, 10, scratch);
+                free(scratch);
+                for (int t = 0; t < T; t++)
+                    for (int n = 0; n < N; n++) {
+                        const float p = part[(size_t)t * N + n], o = out[(size_t)t * N + n];
+                        assert_true(n >= 3 && n < 10 ? memcmp(&p, &o, sizeof p) == 0 : p == -7.0f);
+                    }
+                free(part);
+                if (!first) first = out;
+                else {
+                    if (memcmp(first, out, sizeof(float) * (size_t)T * N) != 0)
+                        fail_msg("%s: %s gives other bits than the first set", f->name, s->name);
+                    free(out);
                 }
-            free(part);
-            if (!first) first = out;
-            else {
-                if (memcmp(first, out, sizeof(float) * (size_t)T * N) != 0)
-                    fail_msg("%s: %s gives other bits than the first set", f->name, s->name);
-                free(out);
+                dol_cpu_i8_act_free(&a);
             }
-            dol_cpu_i8_act_free(&a);
+            free(first);
+            free(x);
+            free_matrix(&m);
         }
-        free(first);
-        free(x);
-        free_matrix(&m);
     }
     if (!seen) skip();
 }
 
 /* Through the engine's products (cpu_ops.h, a weight with i8 scratch):
- * every row's bits the same at T = 1 .. 9, with 1 and 2 threads, for
+ * every row's bits the same at T = 1 .. 18, with 1 and 2 threads, for
  * every format and every set; and the plain products, residual add and
  * SwiGLU agree with them. */
 static void test_batch_invariant(void **state)
 {
     (void)state;
-    const int Tmax = 9, N = 37;
+    const int Tmax = 18, N = 37; /* past the 512-bit set's panels (16 rows of x) */
     int seen = 0;
     dol_pool *pools[2] = { dol_pool_new(1), dol_pool_new(2) };
     for (int si = 0; si < N_SET_NAMES; si++) {
