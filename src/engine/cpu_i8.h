@@ -11,12 +11,13 @@
  *
  *   avx2        -mavx2 -mfma -mf16c: u8 x s8 pairs (vpmaddubsw, vpmaddwd)
  *   avxvnni     + -mavxvnni: vpdpbusd in VEX form
- *   avx512vnni  + -mavx512f/bw/dq/vl -mavx512vnni: vpdpbusd in EVEX form
+ *   avx512vnni  + -mavx512f/bw/dq/vl -mavx512vnni: vpdpbusd in EVEX form,
+ *               a pair of blocks per 512-bit vector
  *
- * Every set works on 256-bit vectors, one 32-weight block per vector, and
- * every set computes the same int32 lanes (lane j of a block: the sum of
+ * Every set computes the same int32 lanes (lane j of a block: the sum of
  * the products of its inputs 4j .. 4j+3, exact) and then the same float
- * operations in the same order, so the three sets give the same bits.
+ * operations in the same order, lane by lane, so the three sets give the
+ * same bits.
  * The portable kernel set (cpu_kernels.h) has no int8 products: there the
  * F32 path runs.
  *
@@ -32,10 +33,12 @@
  *   weights: block b of row n as 32 integers w_i (|w_i| <= 128) with a
  *     scale per half of 16 (sw_h) and, for the formats with minima, a
  *     minimum per half (mw_h): W[n][32b + i] = sw_h * w_i - mw_h;
- *   per block, lane j (h = j / 4): acc_j = fma((float)I_j, sw_h * d_b,
- *     acc_j), with I_j = sum_{i=4j..4j+3} w_i q_i; then, with minima,
- *     acc_j = acc_j - mw_h * s_b[j] (one fused negative multiply-add);
- *   y = the lanes summed as ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+ *   two accumulators of 8 lanes, E for the even blocks b and O for the
+ *     odd ones; per block, in its accumulator A, lane j (h = j / 4):
+ *     A_j = fma((float)I_j, sw_h * d_b, A_j), with I_j = sum_{i=4j..4j+3}
+ *     w_i q_i; then, with minima, A_j = A_j - mw_h * s_b[j] (one fused
+ *     negative multiply-add);
+ *   a_j = E_j + O_j, and y = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
  * A row's activations depend on that row only and every output runs
  * these operations whatever T, the tile it falls in or the thread split,
  * so results are batch-invariant bit for bit. */
