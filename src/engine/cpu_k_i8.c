@@ -333,11 +333,25 @@ typedef struct {
     for (int r = 0; r < R; r++)                                                                   \
         for (int c = 0; c < C; c++) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_ps()
 
+/* FN over every column of x in tiles of 2 (and 1), rows n .. n+R-1 of W
+ * (R = I8_ROWS or 1), SRC the weights or the panel. */
+#define I8_RUN_2COL(FN, SRC)                                                                      \
+    do {                                                                                          \
+        int t_ = 0;                                                                               \
+        if (R == I8_ROWS) {                                                                       \
+            for (; t_ + 2 <= T; t_ += 2) FN(out, ldo, a, SRC, n, t_, I8_ROWS, 2);                 \
+            if (t_ < T) FN(out, ldo, a, SRC, n, t_, I8_ROWS, 1);                                  \
+        } else {                                                                                  \
+            for (; t_ + 2 <= T; t_ += 2) FN(out, ldo, a, SRC, n, t_, 1, 2);                       \
+            if (t_ < T) FN(out, ldo, a, SRC, n, t_, 1, 1);                                        \
+        }                                                                                         \
+    } while (0)
+
 #if I8_ID == 3
 /* The 512-bit panel product: a pair of blocks per vector, lanes 0-7 the
  * even block's (accumulator half 0), 8-15 the odd one's, each lane the
  * operations of I8_STEP on that block, so the bits are the 256-bit ones. */
-#define I8_ZC 4 /* columns of x per 512-bit panel tile (at most) */
+#define I8_ZMAXC 8 /* columns of x per 512-bit tile (at most) */
 /* The panel tiles read q and d (a prefill's u and dv would not stay in L2). */
 static inline __m512i xform512(__m512i q) { return _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80)); }
 
@@ -354,19 +368,40 @@ static inline float hsum16_pair(__m512 v)
     return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
 
+/* An odd last block b (nb odd) of rows r < R (w .. mw: the block in the low
+ * half, zeros above) against columns t .. t+C-1 of x, into the
+ * accumulators' low half only. */
+static inline __attribute__((always_inline)) void ztail(__m512 acc[][I8_ZMAXC], const dol_i8_act *a, int t, int b,
+                                                        const __m512i *w, const __m512i *aux, const __m512 *sw,
+                                                        const __m512 *mw, const int R, const int C, const bool min)
+{
+    const __mmask16 lo = 0x00FF;
+    for (int c = 0; c < C; c++) {
+        const size_t o = (size_t)(t + c) * (size_t)a->nb + (size_t)b;
+        const __m512i xq = _mm512_zextsi256_si512(xform(_mm256_loadu_si256((const __m256i *)(a->q + o * 32))));
+        const __m512 dx = _mm512_set1_ps(a->d[o]);
+        const __m512 xs = _mm512_zextps256_ps512(_mm256_loadu_ps(a->s + o * 8));
+        for (int r = 0; r < R; r++) {
+            const __m512i I = _mm512_dpbusd_epi32(aux[r], xq, w[r]);
+            acc[r][c] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sw[r], dx), acc[r][c], lo);
+            if (min) acc[r][c] = _mm512_mask3_fnmadd_ps(mw[r], xs, acc[r][c], lo);
+        }
+    }
+}
+
 #define I8_ZPTILE(NAME, MIN)                                                                      \
     static inline __attribute__((always_inline)) void NAME##_zptile(                              \
         float *out, int ldo, const dol_i8_act *a, const ppair *pan, int n, int t, const int R,     \
         const int C)                                                                               \
     {                                                                                              \
         const int nb = a->nb, np = (nb + 1) / 2;                                                   \
-        __m512 acc[I8_ROWS][I8_ZC];                                                                \
+        __m512 acc[I8_ROWS][I8_ZMAXC];                                                             \
         for (int r = 0; r < R; r++)                                                                \
             for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();                           \
         int p = 0;                                                                                 \
         for (; 2 * p + 1 < nb; p++) {                                                              \
-            __m512i xq[I8_ZC];                                                                     \
-            __m512 dx[I8_ZC], xs[I8_ZC];                                                           \
+            __m512i xq[I8_ZMAXC];                                                                     \
+            __m512 dx[I8_ZMAXC], xs[I8_ZMAXC];                                                           \
             for (int c = 0; c < C; c++) {                                                          \
                 const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)(2 * p);                   \
                 xq[c] = xform512(_mm512_loadu_si512((const void *)(a->q + o * 32)));               \
@@ -389,29 +424,16 @@ static inline float hsum16_pair(__m512 v)
             }                                                                                      \
         }                                                                                          \
         if (p < np) { /* nb odd: the last block, into half 0 only */                               \
-            const __mmask16 lo = 0x00FF;                                                           \
-            __m512i xq[I8_ZC];                                                                     \
-            __m512 dx[I8_ZC], xs[I8_ZC];                                                           \
-            for (int c = 0; c < C; c++) {                                                          \
-                const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)(2 * p);                   \
-                xq[c] = _mm512_zextsi256_si512(xform(_mm256_loadu_si256((const __m256i *)(a->q + o * 32)))); \
-                dx[c] = _mm512_set1_ps(a->d[o]);                                                   \
-                if (MIN) xs[c] = _mm512_zextps256_ps512(_mm256_loadu_ps(a->s + o * 8));            \
-            }                                                                                      \
+            __m512i w[I8_ROWS], aux[I8_ROWS];                                                      \
+            __m512 sw[I8_ROWS], mw[I8_ROWS];                                                       \
             for (int r = 0; r < R; r++) {                                                          \
                 const ppair *e = pan + (size_t)r * (size_t)np + (size_t)p;                         \
-                const __m512i w = _mm512_load_si512((const void *)e->w);                           \
-                const __m512i aux = _mm512_load_si512((const void *)e->aux);                       \
-                const __m512 sw = _mm512_load_ps((const float *)e->sw);                            \
-                for (int c = 0; c < C; c++) {                                                      \
-                    const __m512i I = _mm512_dpbusd_epi32(aux, xq[c], w);                          \
-                    acc[r][c] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(I),                       \
-                                                      _mm512_mul_ps(sw, dx[c]), acc[r][c], lo);    \
-                    if (MIN)                                                                       \
-                        acc[r][c] = _mm512_mask3_fnmadd_ps(_mm512_load_ps((const float *)e->mw),  \
-                                                           xs[c], acc[r][c], lo);                  \
-                }                                                                                  \
+                w[r] = _mm512_load_si512((const void *)e->w);                                      \
+                aux[r] = _mm512_load_si512((const void *)e->aux);                                  \
+                sw[r] = _mm512_load_ps((const float *)e->sw);                                      \
+                mw[r] = _mm512_load_ps((const float *)e->mw);                                      \
             }                                                                                      \
+            ztail(acc, a, t, 2 * p, w, aux, sw, mw, R, C, MIN);                                    \
         }                                                                                          \
         for (int r = 0; r < R; r++)                                                                \
             for (int c = 0; c < C; c++)                                                            \
@@ -432,17 +454,7 @@ static inline float hsum16_pair(__m512 v)
     } while (0)
 #else
 #define I8_ZPTILE(NAME, MIN)
-#define I8_PANEL_RUN(NAME)                                                                        \
-    do {                                                                                          \
-        int t = 0;                                                                                \
-        if (R == I8_ROWS) {                                                                       \
-            for (; t + 2 <= T; t += 2) NAME##_ptile(out, ldo, a, pan, n, t, I8_ROWS, 2);          \
-            if (t < T) NAME##_ptile(out, ldo, a, pan, n, t, I8_ROWS, 1);                          \
-        } else {                                                                                  \
-            for (; t + 2 <= T; t += 2) NAME##_ptile(out, ldo, a, pan, n, t, 1, 2);                \
-            if (t < T) NAME##_ptile(out, ldo, a, pan, n, t, 1, 1);                                \
-        }                                                                                         \
-    } while (0)
+#define I8_PANEL_RUN(NAME) I8_RUN_2COL(NAME##_ptile, pan)
 #endif
 
 #if I8_ID == 3
@@ -563,7 +575,6 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
  * of NAME_zptile; an odd last block is decoded alone into half 0): the R
  * rows' pair is decoded into registers, then each column of x is loaded
  * once and multiplied by all of them. */
-#define I8_ZMAXC 8
 #define I8_ZTILE(NAME, DEC, MIN, ROWP)                                                            \
     static inline __attribute__((always_inline)) void NAME##_ztile(                               \
         float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n, int t,            \
@@ -600,27 +611,14 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
             }                                                                                      \
         }                                                                                          \
         if (2 * p < nb) { /* nb odd */                                                             \
-            const __mmask16 lo = 0x00FF;                                                           \
-            const int b = 2 * p;                                                                   \
             __m512i w[I8_ROWS], aux[I8_ROWS];                                                      \
             __m512 sw[I8_ROWS], mw[I8_ROWS];                                                       \
             for (int r = 0; r < R; r++) {                                                          \
-                const blk d = DEC(W, n + r, b);                                                    \
+                const blk d = DEC(W, n + r, 2 * p);                                                \
                 w[r] = _mm512_zextsi256_si512(d.w), aux[r] = _mm512_zextsi256_si512(prep(d.w));    \
                 sw[r] = _mm512_zextps256_ps512(d.sw), mw[r] = _mm512_zextps256_ps512(d.mw);        \
             }                                                                                      \
-            for (int c = 0; c < C; c++) {                                                          \
-                const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)b;                         \
-                const __m512i xq = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(a->u + o * 32))); \
-                const __m512 dx = _mm512_set1_ps(a->d[o]);                                         \
-                const __m512 xs = _mm512_zextps256_ps512(_mm256_loadu_ps(a->s + o * 8));           \
-                for (int r = 0; r < R; r++) {                                                      \
-                    const __m512i I = _mm512_dpbusd_epi32(aux[r], xq, w[r]);                       \
-                    acc[r][c] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(sw[r], dx), \
-                                                      acc[r][c], lo);                              \
-                    if (MIN) acc[r][c] = _mm512_mask3_fnmadd_ps(mw[r], xs, acc[r][c], lo);         \
-                }                                                                                  \
-            }                                                                                      \
+            ztail(acc, a, t, 2 * p, w, aux, sw, mw, R, C, MIN);                                    \
         }                                                                                          \
         for (int r = 0; r < R; r++)                                                                \
             for (int c = 0; c < C; c++)                                                            \
@@ -634,13 +632,7 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
     do {                                                                                          \
         int t = 0;                                                                                \
         if (T >= I8_PANEL_MIN_T) {                                                                \
-            if (R == I8_ROWS) {                                                                   \
-                for (; t + 2 <= T; t += 2) NAME##_tile(out, ldo, a, W, n, t, I8_ROWS, 2);         \
-                if (t < T) NAME##_tile(out, ldo, a, W, n, t, I8_ROWS, 1);                         \
-            } else {                                                                              \
-                for (; t + 2 <= T; t += 2) NAME##_tile(out, ldo, a, W, n, t, 1, 2);               \
-                if (t < T) NAME##_tile(out, ldo, a, W, n, t, 1, 1);                               \
-            }                                                                                     \
+            I8_RUN_2COL(NAME##_tile, W);                                                          \
         } else if (T <= 2) {                                                                      \
             if (R == I8_ROWS) {                                                                   \
                 if (T == 2) NAME##_ztile(out, ldo, a, W, n, 0, I8_ROWS, 2);                       \
@@ -674,17 +666,7 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
     } while (0)
 #else
 #define I8_ZTILE(NAME, DEC, MIN, ROWP)
-#define I8_TILE_RUN(NAME)                                                                         \
-    do {                                                                                          \
-        int t = 0;                                                                                \
-        if (R == I8_ROWS) {                                                                       \
-            for (; t + 2 <= T; t += 2) NAME##_tile(out, ldo, a, W, n, t, I8_ROWS, 2);             \
-            if (t < T) NAME##_tile(out, ldo, a, W, n, t, I8_ROWS, 1);                             \
-        } else {                                                                                  \
-            for (; t + 2 <= T; t += 2) NAME##_tile(out, ldo, a, W, n, t, 1, 2);                   \
-            if (t < T) NAME##_tile(out, ldo, a, W, n, t, 1, 1);                                   \
-        }                                                                                         \
-    } while (0)
+#define I8_TILE_RUN(NAME) I8_RUN_2COL(NAME##_tile, W)
 #endif
 
 /* NAME_tile: an R x C tile (rows n .. n+R-1 of W, columns t .. t+C-1 of x)
