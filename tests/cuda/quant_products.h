@@ -293,7 +293,7 @@ static dol_engine *open_engine(const dol_model *m, dol_backend_kind backend, boo
     /* the CPU reference keeps an F32 KV cache (CUDA's is F16 whatever is
      * asked), as when the bounds were derived: the F16 cache's own rounding
      * is not what these tests measure */
-    dol_engine_params p = { .backend = backend, .gpu_memory_utilization = 0.90, .n_threads = 2,
+    dol_engine_params p = { .activations = DOL_ACT_F32, .backend = backend, .gpu_memory_utilization = 0.90, .n_threads = 2,
                             .kv_block_size = 16, .kv_cache_tokens = 4096, .max_seqs = 4,
                             .max_batch_tokens = 1024, .weights = g_scheme->weights,
                             .quantize_lm_head = quantize_lm_head, .kv_dtype = DOL_KV_F32 };

@@ -128,7 +128,7 @@ static rig *rig_new(rig_opts o)
                                   .n_heads = 1, .n_kv_heads = 1, .head_dim = 4,
                                   .vocab_size = VOCAB, .max_position_embeddings = CTX,
                                   .bos_token_id = 1, .eos_token_id = EOS};
-    dol_engine_params ep = {.backend = DOL_BACKEND_CPU, .n_threads = 1, .kv_block_size = 16,
+    dol_engine_params ep = {.activations = DOL_ACT_F32, .backend = DOL_BACKEND_CPU, .n_threads = 1, .kv_block_size = 16,
                             .kv_cache_tokens = o.kv_tokens, .max_seqs = o.max_batch + 1,
                             .max_batch_tokens = 64 + o.max_batch, .prefix_caching = false};
     char err[DOL_ERR_LEN];
