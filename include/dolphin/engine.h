@@ -160,8 +160,10 @@ const char *dol_engine_backend_name(const dol_engine *e);
 const char *dol_engine_cpu_kernels(void);
 /* The arithmetic of the engine's products over quantized weights:
  * "int8" (8-bit activations, the CPU backend with quantized weights and an
- * int8 kernel set), "f32" (the exact CPU products) or "f16" (CUDA's FP16
- * activations). A static string; the engine's own thread or any other. */
+ * int8 kernel set), "f32" (the exact CPU products), "f16" (CUDA's FP16
+ * activations) or "f16+int8" (CUDA with blocks placed on the host that run
+ * 8-bit activations). A static string; the engine's own thread or any
+ * other. */
 const char *dol_engine_activations(const dol_engine *e);
 /* Device memory of the backend in bytes (CUDA: cudaMemGetInfo; CPU: the KV
  * pool, so readiness logic is testable without a GPU). 0 / -1. */

@@ -441,6 +441,19 @@ static int placed_memory_info(void *impl, size_t *used, size_t *total)
     return -1;
 }
 
+/* "f16" (the CUDA stages), "f16+int8" when a host stage runs 8-bit
+ * activations (quantized weights there, activations auto / int8). */
+static const char *placed_activations(void *impl)
+{
+    placed *e = impl;
+    for (int i = 0; i < e->pl.n; i++) {
+        const dol_backend_ops *o = ops_of(&e->pl.st[i]);
+        if (!e->pl.st[i].cuda && o->activations && strcmp(o->activations(e->impl[i]), "int8") == 0)
+            return "f16+int8";
+    }
+    return "f16";
+}
+
 const dol_backend_ops dol_placed_backend = {
     .name = "cuda",
     .kv_elem_bytes = 2,
@@ -450,6 +463,7 @@ const dol_backend_ops dol_placed_backend = {
     .copy_block = placed_copy_block,
     .weight_bytes = placed_weight_bytes,
     .quant_stats = placed_quant_stats,
+    .activations = placed_activations,
     .kv_bytes_per_token = placed_kv_bytes_per_token,
     .memory_info = placed_memory_info,
 };

@@ -29,6 +29,7 @@
 #include "dolphin/engine.h"
 #include "dolphin/model.h"
 #include "engine/backend.h"
+#include "engine/cpu_i8.h"
 
 #define LOGIT_BOUND 0.03
 #define MARGIN_BOUND (2 * LOGIT_BOUND)
@@ -229,8 +230,16 @@ static void test_split_three_with_cpu(void **state)
     p.gpu_layers = 3;
     dol_engine *e = make(&p);
     expect_layout(e, "cuda:0 0..0 | cuda:1 1..2 head | cpu 3..4");
+    assert_string_equal(dol_engine_activations(e), "f16");
     golden_check(e, "split 1+2+cpu 2", false);
     batch_check(e, "split 1+2+cpu 2");
+    dol_engine_free(e);
+    /* quantized weights with activations auto: the host blocks run 8-bit
+     * activations where the CPU has an int8 set, and the engine says so */
+    p.weights = DOL_WEIGHTS_NF4;
+    p.activations = DOL_ACT_AUTO;
+    e = make(&p);
+    assert_string_equal(dol_engine_activations(e), dol_cpu_i8_get() ? "f16+int8" : "f16");
     dol_engine_free(e);
 }
 
