@@ -1,9 +1,11 @@
 /* src/engine/cpu_k_i8.c — the 8-bit-activation kernels (cpu_i8.h): the
  * activation quantizer and one product per weight format, each format a
- * decoder of one 32-weight block into int8 lanes and scales, shared by a
- * single register-tiled product. Compiled once per instruction set with
- * -DDOL_I8_VARIANT=avx2|avxvnni|avx512vnni (CMakeLists.txt); exports the
- * table dol_cpu_i8_<variant>. */
+ * decoder of one 32-weight block into int8 lanes and scales (and, in the
+ * avx512vnni set, of a pair of blocks into one 512-bit vector), shared by
+ * the tiles of one product: in-register tiles that decode as they go, and
+ * panel tiles that read rows of W decoded once per thread. Compiled once
+ * per instruction set with -DDOL_I8_VARIANT=avx2|avxvnni|avx512vnni
+ * (CMakeLists.txt); exports the table dol_cpu_i8_<variant>. */
 #include "engine/cpu_i8.h"
 
 #include <immintrin.h>
