@@ -370,6 +370,11 @@ static inline float hsum16_pair(__m512 v)
     return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
 
+/* The R x C outputs of a 512-bit tile: both halves' sum, then the lanes'. */
+#define I8_ZSTORE()                                                                               \
+    for (int r = 0; r < R; r++)                                                                   \
+        for (int c = 0; c < C; c++) out[(size_t)(t + c) * (size_t)ldo + n + r] = hsum16_pair(acc[r][c])
+
 /* An odd last block b (nb odd) of rows r < R (w .. mw: the block in the low
  * half, zeros above) against columns t .. t+C-1 of x, into the
  * accumulators' low half only. */
@@ -437,9 +442,7 @@ static inline __attribute__((always_inline)) void ztail(__m512 acc[][I8_ZMAXC], 
             }                                                                                      \
             ztail(acc, a, t, 2 * p, w, aux, sw, mw, R, C, MIN);                                    \
         }                                                                                          \
-        for (int r = 0; r < R; r++)                                                                \
-            for (int c = 0; c < C; c++)                                                            \
-                out[(size_t)(t + c) * (size_t)ldo + n + r] = hsum16_pair(acc[r][c]);               \
+        I8_ZSTORE();                                                                               \
     }
 #define I8_PANEL_RUN(NAME)                                                                        \
     do {                                                                                          \
@@ -622,9 +625,7 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
             }                                                                                      \
             ztail(acc, a, t, 2 * p, w, aux, sw, mw, R, C, MIN);                                    \
         }                                                                                          \
-        for (int r = 0; r < R; r++)                                                                \
-            for (int c = 0; c < C; c++)                                                            \
-                out[(size_t)(t + c) * (size_t)ldo + n + r] = hsum16_pair(acc[r][c]);               \
+        I8_ZSTORE();                                                                               \
     }
 /* In-register tiles: 4 rows of W x 1-2 of x (decode, memory-bound), 2 x 8
  * (a batch: each decoded pair serves 8 rows of x); u and dv are filled
