@@ -213,6 +213,15 @@ static inline void prefetch_ahead(const char *chunk, size_t esz)
     for (size_t b = 0; b < DOL_PACK_ROWS * DOL_PACK_K * esz; b += 64)
         _mm_prefetch(chunk + PACK_PF_BYTES + b, _MM_HINT_T0);
 }
+/* The same look-ahead into L2 only (hint T1), for the lockstep tiles: with
+ * four streams per thread, T0 prefetches held the L1 miss buffers the
+ * streams' own loads need (Zen 4 batch 1 +10 %; docs/performance.md,
+ * "Prefetching") */
+static inline void prefetch_ahead_l2(const char *chunk, size_t esz)
+{
+    for (size_t b = 0; b < DOL_PACK_ROWS * DOL_PACK_K * esz; b += 64)
+        _mm_prefetch(chunk + PACK_PF_BYTES + b, _MM_HINT_T1);
+}
 #define DEFINE_PTILE(NR, DT, SUF, PF, PSUF)                                                 \
     static void ptile##PSUF##_##SUF##_##NR(const float *x, int K, const void *Wp, int n,     \
                                            float *out, int N, const char *pf, int ppu)      \
@@ -316,7 +325,7 @@ DEFINE_PTILES(DOL_DTYPE_BF16, bf16)
         const char *ws[NS];                                                                 \
         for (int s = 0; s < NS; s++) ws[s] = (const char *)Wp + (size_t)n[s] * K * esz;    \
         for (int k = 0; k < K; k += DOL_PACK_K) {                                           \
-            for (int s = 0; s < NS; s++) prefetch_ahead(ws[s], esz);                        \
+            for (int s = 0; s < NS; s++) prefetch_ahead_l2(ws[s], esz);                     \
             for (int kk = 0; kk < DOL_PACK_K; kk += DOL_SIMD) {                             \
                 vecf xv[NR];                                                                \
                 for (int r = 0; r < NR; r++)                                                \
