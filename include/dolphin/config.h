@@ -51,6 +51,9 @@ typedef struct {
     dol_weight_format weights;
     bool quantize_lm_head;
     dol_activations activations;
+    dol_kv_dtype kv_cache_dtype;     /* the KV cache's halves, as the top-level keys */
+    dol_kv_dtype kv_cache_dtype_k;
+    dol_kv_dtype kv_cache_dtype_v;
     dol_backend_kind backend;
     double gpu_memory_utilization;
     int context_len;
@@ -126,7 +129,9 @@ typedef struct {
                                     may run in BF16x3 on AMX (faster, not
                                     bit-identical across batches) */
     int64_t kv_cache_bytes;      /* default 0 = derive */
-    dol_kv_dtype kv_cache_dtype; /* auto | f32 | f16 (default auto) */
+    dol_kv_dtype kv_cache_dtype; /* auto | f32 | f16 | q8_0 (default auto) */
+    dol_kv_dtype kv_cache_dtype_k; /* the K half; auto = kv_cache_dtype */
+    dol_kv_dtype kv_cache_dtype_v; /* the V half; auto = kv_cache_dtype */
     double kv_cache_memory_fraction; /* CPU default pool: share of available
                                     memory after the weights (default 0.90) */
     int kv_block_size;           /* default 16 */

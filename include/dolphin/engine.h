@@ -72,11 +72,15 @@ typedef enum {
 /* Most CUDA devices one engine spreads a model over. */
 #define DOL_MAX_DEVICES 8
 
-/* Element type of the KV cache (kv_cache_dtype, docs/configuration.md). */
+/* Element type of the KV cache (kv_cache_dtype, docs/configuration.md,
+ * "The KV pool"). */
 typedef enum {
-    DOL_KV_AUTO = 0,          /* F32 with F32 weights, F16 otherwise */
+    DOL_KV_AUTO = 0,          /* F32 with F32 weights on the CPU, F16 otherwise */
     DOL_KV_F32,
     DOL_KV_F16,
+    DOL_KV_Q8_0,              /* int8 values in blocks of 32 along a head's
+                                 dimension (the whole head below 32), one F16
+                                 scale absmax / 127 a block: include/dolphin/kv_q8.h */
 } dol_kv_dtype;
 
 typedef struct {
@@ -95,8 +99,15 @@ typedef struct {
                                  at least one) */
     double kv_memory_fraction;/* CPU default pool: share of MemAvailable
                                  (0 = 0.9) */
-    dol_kv_dtype kv_dtype;    /* CPU: F32 or F16 cache (AUTO resolved by
-                                 dol_engine_create); CUDA: always F16 */
+    dol_kv_dtype kv_dtype;    /* both halves of the cache (AUTO resolved by
+                                 dol_engine_create); CUDA holds F16 or Q8_0
+                                 (F32 asked gives F16) */
+    dol_kv_dtype kv_dtype_k;  /* the K half alone; AUTO = as kv_dtype */
+    dol_kv_dtype kv_dtype_v;  /* the V half alone; AUTO = as kv_dtype. A
+                                 backend's create sees both resolved (never
+                                 AUTO); Q8_0 needs head_dim < 32 or a multiple
+                                 of 32 (else dol_engine_create returns -2,
+                                 naming the setting) */
     int max_seqs;             /* max live sequences (block tables), >= 1 */
     int max_batch_tokens;     /* max tokens in one forward call (workspace), >= 1 */
     int context_len;          /* max positions per sequence; 0 = model's
@@ -194,8 +205,19 @@ bool dol_engine_cuda_built(void);
 
 /* Context length in tokens (positions 0..n-1). */
 int dol_engine_context_len(const dol_engine *e);
-/* The KV cache's element type in use: "f32" or "f16" (a static string). */
+/* The KV cache's element type in use: "f32", "f16" or "q8_0" when both
+ * halves agree, else "k=<k>,v=<v>" (a static string). */
 const char *dol_engine_kv_dtype_name(const dol_engine *e);
+/* The element type of the K half (which = 0) or the V half (1) in use. */
+dol_kv_dtype dol_engine_kv_dtype(const dol_engine *e, int which);
+/* The name of a resolved element type: "f32", "f16", "q8_0" ("auto" for
+ * DOL_KV_AUTO); a static string. */
+const char *dol_kv_dtype_str(dol_kv_dtype t);
+/* Bytes one position of one KV head takes in one half of a cache of type t
+ * (F32 4 * head_dim, F16 2 * head_dim, Q8_0 head_dim + 2 per block of
+ * dol_kv_q8_block(head_dim) values); 0 for AUTO or a head dimension Q8_0
+ * cannot hold. */
+size_t dol_kv_head_row_bytes(dol_kv_dtype t, int head_dim);
 int dol_engine_vocab_size(const dol_engine *e);
 
 /* ---- sequences and the paged KV cache ---------------------------------- */

@@ -193,8 +193,16 @@ static const field FIELDS[] = {
     { .name = "kv_cache_bytes", .type = F_I64, AT(kv_cache_bytes), .min = 0, .max = NONE,
       .bytes = true, .def = "0", .metavar = "SIZE",
       .help = "KV-cache capacity in bytes; 0 = derive" },
-    { .name = "kv_cache_dtype", .type = F_ENUM, AT(kv_cache_dtype), .choices = CHOICES("auto", "f32", "f16"),
-      .def = "auto", .help = "CPU KV-cache element type; auto = f32 with f32 weights, else f16" },
+    { .name = "kv_cache_dtype", .type = F_ENUM, AT(kv_cache_dtype),
+      .choices = CHOICES("auto", "f32", "f16", "q8_0"), .def = "auto",
+      .help = "KV-cache element type: q8_0 = 8 bits a value (about twice the tokens of f16); "
+              "auto = f32 with f32 weights on the CPU, else f16 (CUDA: f32 is held as f16)" },
+    { .name = "kv_cache_dtype_k", .type = F_ENUM, AT(kv_cache_dtype_k),
+      .choices = CHOICES("auto", "f32", "f16", "q8_0"), .def = "auto",
+      .help = "element type of the K half alone; auto = kv_cache_dtype" },
+    { .name = "kv_cache_dtype_v", .type = F_ENUM, AT(kv_cache_dtype_v),
+      .choices = CHOICES("auto", "f32", "f16", "q8_0"), .def = "auto",
+      .help = "element type of the V half alone; auto = kv_cache_dtype" },
     { .name = "kv_cache_memory_fraction", .type = F_DOUBLE, AT(kv_cache_memory_fraction),
       .min = 0, .max = 1, .min_open = true, .def = "0.90", .metavar = "R",
       .help = "CPU, pool size not set: share of the memory left after the weights for the KV cache" },
@@ -247,6 +255,12 @@ static const field MODEL_FIELDS[] = {
     { .name = "quantize_lm_head", .type = F_BOOL, MAT(quantize_lm_head), .def = "false" },
     { .name = "activations", .type = F_ENUM, MAT(activations), .choices = CHOICES("auto", "f32", "int8"),
       .def = "auto" },
+    { .name = "kv_cache_dtype", .type = F_ENUM, MAT(kv_cache_dtype),
+      .choices = CHOICES("auto", "f32", "f16", "q8_0"), .def = "auto" },
+    { .name = "kv_cache_dtype_k", .type = F_ENUM, MAT(kv_cache_dtype_k),
+      .choices = CHOICES("auto", "f32", "f16", "q8_0"), .def = "auto" },
+    { .name = "kv_cache_dtype_v", .type = F_ENUM, MAT(kv_cache_dtype_v),
+      .choices = CHOICES("auto", "f32", "f16", "q8_0"), .def = "auto" },
     { .name = "backend", .type = F_ENUM, MAT(backend), .choices = CHOICES("auto", "cpu", "cuda"),
       .def = "auto" },
     { .name = "gpu_memory_utilization", .type = F_DOUBLE, MAT(gpu_memory_utilization),
@@ -264,6 +278,9 @@ static const struct { const char *name; size_t top; } INHERITED[] = {
     { "weights", offsetof(dol_config, weights) },
     { "quantize_lm_head", offsetof(dol_config, quantize_lm_head) },
     { "activations", offsetof(dol_config, activations) },
+    { "kv_cache_dtype", offsetof(dol_config, kv_cache_dtype) },
+    { "kv_cache_dtype_k", offsetof(dol_config, kv_cache_dtype_k) },
+    { "kv_cache_dtype_v", offsetof(dol_config, kv_cache_dtype_v) },
     { "backend", offsetof(dol_config, backend) },
     { "gpu_memory_utilization", offsetof(dol_config, gpu_memory_utilization) },
     { "context_len", offsetof(dol_config, context_len) },
@@ -286,8 +303,8 @@ _Static_assert(DOL_WEIGHTS_AUTO == 0 && DOL_WEIGHTS_F32 == 1 && DOL_WEIGHTS_F16 
                "weights choices are auto|f32|f16|nf4|int8");
 _Static_assert(DOL_ACT_AUTO == 0 && DOL_ACT_F32 == 1 && DOL_ACT_INT8 == 2,
                "activations choices are auto|f32|int8");
-_Static_assert(DOL_KV_AUTO == 0 && DOL_KV_F32 == 1 && DOL_KV_F16 == 2,
-               "kv_cache_dtype choices are auto|f32|f16");
+_Static_assert(DOL_KV_AUTO == 0 && DOL_KV_F32 == 1 && DOL_KV_F16 == 2 && DOL_KV_Q8_0 == 3,
+               "kv_cache_dtype choices are auto|f32|f16|q8_0");
 _Static_assert(DOL_BATCH_CONTINUOUS == 0 && DOL_BATCH_STATIC == 1,
                "batch_mode choices are continuous|static");
 _Static_assert(DOL_LOG_DEBUG == 0 && DOL_LOG_INFO == 1 && DOL_LOG_WARN == 2 && DOL_LOG_ERROR == 3,

@@ -45,10 +45,10 @@ typedef struct {
 
 typedef struct {
     const char *name;
-    /* Bytes of one K or V element in this backend's KV cache (4 = F32,
-     * 2 = F16; 0 = as the resolved kv_dtype says): kv_cache_bytes is
-     * turned into tokens with it. */
-    int kv_elem_bytes;
+    /* The backend holds no F32 KV cache: a half resolved to F32 (asked,
+     * or AUTO with F32 weights) is held as F16. create sees the resolved
+     * params.kv_dtype_k / kv_dtype_v (F32, F16 or Q8_0, never AUTO). */
+    bool kv_no_f32;
     /* Prepare weights and workspaces, and allocate the KV pool. *n_blocks:
      * in: blocks wanted (from kv_cache_tokens / kv_cache_bytes, or 0 = let
      * the backend size it from its memory budget); out: blocks allocated. */

@@ -685,7 +685,7 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
     }
 
     /* KV pool: as asked, else sized from the memory left after the weights */
-    e->kv_f16 = p->kv_dtype == DOL_KV_F16;
+    e->kv_f16 = p->kv_dtype_k == DOL_KV_F16;
     e->kv_elem = e->kv_f16 ? 2 : sizeof(float);
     e->block_floats = (size_t)c->n_layers * 2 * (size_t)bs * e->kv_dim;
     int64_t blocks = *n_blocks;
@@ -1159,7 +1159,7 @@ static int cpu_forward(void *impl, const dol_forward_args *a, char *err, size_t 
 
 const dol_backend_ops dol_cpu_backend = {
     .name = "cpu",
-    .kv_elem_bytes = 0, /* kv_cache_dtype: F32 or F16 */
+    .kv_no_f32 = false, /* kv_cache_dtype: F32, F16 or Q8_0 per half */
     .create = cpu_create,
     .destroy = cpu_destroy,
     .forward = cpu_forward,

@@ -1364,7 +1364,7 @@ static int cuda_forward(void *impl, const dol_forward_args *a, char *err, size_t
 
 const dol_backend_ops dol_cuda_backend = {
     .name = "cuda",
-    .kv_elem_bytes = 2, /* FP16 KV cache */
+    .kv_no_f32 = true, /* F16 or Q8_0 KV cache */
     .create = cuda_create,
     .destroy = cuda_destroy,
     .forward = cuda_forward,

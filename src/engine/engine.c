@@ -11,6 +11,7 @@
 #include "engine/cuda_probe.h"
 #include "engine/cpu_kernels.h"
 #include "engine/placement.h"
+#include "dolphin/kv_q8.h"
 #include "dolphin/log.h"
 #include <stdio.h>
 
@@ -18,7 +19,7 @@ struct dol_engine {
     const dol_backend_ops *ops;
     void *impl;
     int ctx, vocab, max_T, n_layers;
-    dol_kv_dtype kv_dtype;
+    dol_kv_dtype kv_dtype_k, kv_dtype_v;
     dol_kv_blocks kv;
     int32_t *tok_id, *tok_seq, *tok_pos;
 };
@@ -32,36 +33,91 @@ bool dol_engine_cuda_built(void)
 #endif
 }
 
-/* KV element type: F32 only with F32 weights (so F32 runs match the
- * float64 references as closely as before), else F16; a backend with a
- * fixed element size (CUDA: F16) decides for itself. */
-static dol_kv_dtype kv_dtype_of(const dol_model *model, const dol_engine_params *p, int backend_elem)
+const char *dol_kv_dtype_str(dol_kv_dtype t)
 {
-    if (backend_elem == 2) return DOL_KV_F16;
-    if (p->kv_dtype != DOL_KV_AUTO) return p->kv_dtype;
-    bool f32 = p->weights == DOL_WEIGHTS_F32 ||
-               (p->weights == DOL_WEIGHTS_AUTO && model->cfg.n_layers > 0 && model->layers &&
-                model->layers[0].q.dtype == DOL_DTYPE_F32);
-    return f32 ? DOL_KV_F32 : DOL_KV_F16;
+    switch (t) {
+    case DOL_KV_F32: return "f32";
+    case DOL_KV_F16: return "f16";
+    case DOL_KV_Q8_0: return "q8_0";
+    default: return "auto";
+    }
 }
 
-/* Bytes of one KV element: the backend's own size, or the dtype's. */
-static int kv_elem_bytes(int backend_elem, dol_kv_dtype dt)
+size_t dol_kv_head_row_bytes(dol_kv_dtype t, int head_dim)
 {
-    return backend_elem > 0 ? backend_elem : dt == DOL_KV_F16 ? 2 : (int)sizeof(float);
+    if (head_dim < 1) return 0;
+    switch (t) {
+    case DOL_KV_F32: return 4 * (size_t)head_dim;
+    case DOL_KV_F16: return 2 * (size_t)head_dim;
+    case DOL_KV_Q8_0:
+        if (!dol_kv_q8_head_ok(head_dim)) return 0;
+        return (size_t)head_dim + 2 * (size_t)(head_dim / dol_kv_q8_block(head_dim));
+    default: return 0;
+    }
+}
+
+/* One half's element type: its own setting, else kv_cache_dtype; AUTO is
+ * F32 only with F32 weights on a backend that holds F32 (so F32 runs match
+ * the float64 references as closely as before), else F16. A backend
+ * without an F32 cache (CUDA) holds F16 where F32 was asked. */
+static dol_kv_dtype kv_half_of(const dol_model *model, const dol_engine_params *p, bool no_f32,
+                               dol_kv_dtype half)
+{
+    dol_kv_dtype t = half != DOL_KV_AUTO ? half : p->kv_dtype;
+    if (t == DOL_KV_AUTO) {
+        const bool f32 = p->weights == DOL_WEIGHTS_F32 ||
+                         (p->weights == DOL_WEIGHTS_AUTO && model->cfg.n_layers > 0 &&
+                          model->layers && model->layers[0].q.dtype == DOL_DTYPE_F32);
+        t = f32 ? DOL_KV_F32 : DOL_KV_F16;
+    }
+    return no_f32 && t == DOL_KV_F32 ? DOL_KV_F16 : t;
+}
+
+/* Both halves resolved into out->kv_dtype_k / _v (out->kv_dtype: their
+ * common type, or AUTO when they differ). -2 (a setting's fault) when Q8_0
+ * cannot hold this model's heads, naming the key that asked for it. */
+static int kv_resolve(const dol_model *model, const dol_engine_params *p, bool no_f32,
+                      dol_engine_params *out, char *err, size_t errlen)
+{
+    const dol_kv_dtype half[2] = { p->kv_dtype_k, p->kv_dtype_v };
+    dol_kv_dtype t[2];
+    for (int w = 0; w < 2; w++) {
+        t[w] = kv_half_of(model, p, no_f32, half[w]);
+        if (t[w] == DOL_KV_Q8_0 && !dol_kv_q8_head_ok(model->cfg.head_dim)) {
+            const char *key = half[w] != DOL_KV_AUTO ? (w ? "kv_cache_dtype_v" : "kv_cache_dtype_k")
+                                                     : "kv_cache_dtype";
+            dol_set_err(err, errlen, "%s: q8_0 holds heads of fewer than %d values or a multiple "
+                        "of %d; this model's head_dim is %d", key, DOL_KV_Q8_BLOCK,
+                        DOL_KV_Q8_BLOCK, model->cfg.head_dim);
+            return -2;
+        }
+    }
+    out->kv_dtype_k = t[0];
+    out->kv_dtype_v = t[1];
+    out->kv_dtype = t[0] == t[1] ? t[0] : DOL_KV_AUTO;
+    return 0;
+}
+
+/* Bytes of one position of every layer's K and V. */
+static size_t kv_token_bytes(const dol_model *model, const dol_engine_params *r)
+{
+    const dol_model_config *c = &model->cfg;
+    return (size_t)c->n_layers * (size_t)c->n_kv_heads *
+           (dol_kv_head_row_bytes(r->kv_dtype_k, c->head_dim) +
+            dol_kv_head_row_bytes(r->kv_dtype_v, c->head_dim));
 }
 
 /* Context length, block size and the KV blocks asked for (0 = the backend
  * decides), as every backend sees them. */
-static int engine_sizes(const dol_model *model, const dol_engine_params *p, int elem_bytes, int *ctx,
+static int engine_sizes(const dol_model *model, const dol_engine_params *p, int *ctx,
                         int *bs, int64_t *want, char *err, size_t errlen)
 {
     const dol_model_config *c = &model->cfg;
     *ctx = p->context_len > 0 && p->context_len < c->max_position_embeddings
                ? p->context_len : c->max_position_embeddings;
     *bs = p->kv_block_size;
-    size_t elem = elem_bytes > 0 ? (size_t)elem_bytes : sizeof(float);
-    size_t per_token = (size_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * elem;
+    size_t per_token = kv_token_bytes(model, p);
+    if (per_token == 0) per_token = 1;
     int64_t tokens = p->kv_cache_tokens;
     if (tokens <= 0 && p->kv_cache_bytes > 0) {   /* at least one token: one block */
         tokens = p->kv_cache_bytes / (int64_t)per_token;
@@ -123,12 +179,12 @@ int dol_engine_create(const dol_model *model, const dol_engine_params *p,
              * asked: the one-device path, with no placement layer in it */
             int ctx, bs;
             int64_t want;
-            if (engine_sizes(model, p, kv_elem_bytes(dol_cuda_backend.kv_elem_bytes,
-                                                     kv_dtype_of(model, p, dol_cuda_backend.kv_elem_bytes)),
-                             &ctx, &bs, &want, err, errlen) != 0)
-                return -1;
+            dol_engine_params rp = *p;
+            int krc = kv_resolve(model, p, dol_cuda_backend.kv_no_f32, &rp, err, errlen);
+            if (krc != 0) return krc;
+            if (engine_sizes(model, &rp, &ctx, &bs, &want, err, errlen) != 0) return -1;
             dol_placement pl;
-            int rc = dol_placement_plan(model, p, ctx, bs, want, &pl, err, errlen);
+            int rc = dol_placement_plan(model, &rp, ctx, bs, want, &pl, err, errlen);
             if (rc != 0) return rc;
             const dol_layer_range *r0 = &pl.st[0].r;
             const bool whole = pl.n == 1 && r0->l0 == 0 && r0->l1 == model->cfg.n_layers;
@@ -170,11 +226,15 @@ int dol_engine_create_with(const dol_backend_ops *ops, const dol_model *model,
     e->max_T = p->max_batch_tokens;
     int bs, max_seqs = p->max_seqs;
     dol_engine_params bp = *p;
-    bp.kv_dtype = kv_dtype_of(model, p, ops->kv_elem_bytes);
-    e->kv_dtype = bp.kv_dtype;
+    int krc = kv_resolve(model, p, ops->kv_no_f32, &bp, err, errlen);
+    if (krc != 0) {
+        free(e);
+        return krc;
+    }
+    e->kv_dtype_k = bp.kv_dtype_k;
+    e->kv_dtype_v = bp.kv_dtype_v;
     int64_t want;
-    if (engine_sizes(model, p, kv_elem_bytes(ops->kv_elem_bytes, bp.kv_dtype), &e->ctx, &bs, &want,
-                     err, errlen) != 0) {
+    if (engine_sizes(model, &bp, &e->ctx, &bs, &want, err, errlen) != 0) {
         free(e);
         return -1;
     }
@@ -276,7 +336,17 @@ int dol_engine_memory_info(const dol_engine *e, size_t *used, size_t *total)
 int dol_engine_context_len(const dol_engine *e) { return e->ctx; }
 const char *dol_engine_kv_dtype_name(const dol_engine *e)
 {
-    return e->kv_dtype == DOL_KV_F16 ? "f16" : "f32";
+    static const char *const mixed[3][3] = {
+        { "f32", "k=f32,v=f16", "k=f32,v=q8_0" },
+        { "k=f16,v=f32", "f16", "k=f16,v=q8_0" },
+        { "k=q8_0,v=f32", "k=q8_0,v=f16", "q8_0" },
+    };
+    const int k = (int)e->kv_dtype_k - DOL_KV_F32, v = (int)e->kv_dtype_v - DOL_KV_F32;
+    return k >= 0 && k < 3 && v >= 0 && v < 3 ? mixed[k][v] : "auto";
+}
+dol_kv_dtype dol_engine_kv_dtype(const dol_engine *e, int which)
+{
+    return which ? e->kv_dtype_v : e->kv_dtype_k;
 }
 int dol_engine_vocab_size(const dol_engine *e) { return e->vocab; }
 int dol_engine_seq_new(dol_engine *e) { return dol_kv_seq_new(&e->kv); }

@@ -456,7 +456,7 @@ static const char *placed_activations(void *impl)
 
 const dol_backend_ops dol_placed_backend = {
     .name = "cuda",
-    .kv_elem_bytes = 2,
+    .kv_no_f32 = true,
     .create = placed_create,
     .destroy = placed_destroy,
     .forward = placed_forward,

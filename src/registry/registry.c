@@ -382,7 +382,9 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
     ep.prefix_caching = cfg->prefix_caching;
     ep.fast_prefill = !cfg->batch_invariant;
     ep.kv_cache_bytes = cfg->kv_cache_bytes;
-    ep.kv_dtype = cfg->kv_cache_dtype;
+    ep.kv_dtype = me->kv_cache_dtype;
+    ep.kv_dtype_k = me->kv_cache_dtype_k;
+    ep.kv_dtype_v = me->kv_cache_dtype_v;
     ep.kv_memory_fraction = cfg->kv_cache_memory_fraction;
     ep.max_seqs = cfg->max_batch_size + 1;
     ep.max_batch_tokens = cfg->prefill_chunk + cfg->max_batch_size;

@@ -95,7 +95,7 @@ static int fake_memory(void *impl, size_t *used, size_t *total)
 }
 
 static const dol_backend_ops FAKE = {
-    .name = "fake", .kv_elem_bytes = 4, .create = fake_create, .destroy = fake_destroy,
+    .name = "fake", .kv_no_f32 = false, .create = fake_create, .destroy = fake_destroy,
     .forward = fake_forward, .copy_block = fake_copy_block, .weight_bytes = fake_zero,
     .kv_bytes_per_token = fake_kv_bytes, .memory_info = fake_memory,
 };
