@@ -71,6 +71,8 @@ typedef struct {
     int waiting;             /* requests waiting for its load */
     int queue_depth, running_requests, running_seqs;
     int kv_blocks_used, kv_blocks_total, kv_block_size, kv_blocks_cached;
+    int context_len;         /* tokens of one full context */
+    const char *kv_dtype_k, *kv_dtype_v; /* the KV cache halves' element types */
     uint64_t prefix_cache_query_tokens, prefix_cache_hit_tokens;
     size_t device_memory_used, device_memory_total, weight_bytes;
     uint64_t steps;
@@ -100,6 +102,8 @@ typedef struct {
     int running_seqs;        /* sequences in the running batch */
     int kv_blocks_used, kv_blocks_total, kv_block_size;
     int kv_blocks_cached;    /* unused blocks the prefix cache keeps */
+    int context_len;         /* tokens of one full context */
+    const char *kv_dtype_k, *kv_dtype_v; /* the KV cache halves' element types */
     uint64_t prefix_cache_query_tokens, prefix_cache_hit_tokens;
     size_t device_memory_used, device_memory_total; /* bytes */
     /* every device holding part of the model (layer placement), in order;

@@ -230,7 +230,9 @@ typedef struct {
     int running_requests;
     int kv_blocks_total, kv_blocks_used, kv_block_size;
     int context_len;         /* tokens of one full context */
-    const char *kv_dtype;    /* "f32" or "f16" (static) */
+    const char *kv_dtype;    /* "f32", "f16", "q8_0", or "k=<k>,v=<v>" when
+                                the halves differ (static) */
+    const char *kv_dtype_k, *kv_dtype_v; /* each half's: "f32", "f16", "q8_0" (static) */
     int kv_blocks_cached;    /* unused blocks kept by the prefix cache (they
                                 count as free: taken when needed) */
     uint64_t steps;          /* forward steps so far */

@@ -22,6 +22,7 @@
 #include "engine/cpu_kernels.h"
 #include "engine/cpu_ops.h"
 #include "engine/kv_blocks.h"
+#include "dolphin/kv_q8.h"
 #include "engine/nf4.h"
 #include "engine/q8.h"
 #include "engine/threadpool.h"
@@ -75,21 +76,22 @@ typedef struct {
     dol_quant_stats qs;       /* linear layers: formats, sizes, quantization time */
 
     /* paged KV cache: block b holds, for every layer l and KV head h, the
-     * head's K run then its V run, block_size * head_dim floats each, at
-     * kv_pool + b*block_floats + l*2*block_size*kv_dim
-     * + (h*2 + 0 or 1) * block_size*head_dim (kv_head). K is dims-major
-     * (element c of row r at c*block_size + r: the scores of a block are
-     * then broadcast FMAs, see attn_head in cpu_kernels.h); V is row-major
-     * (element i of row r at r*head_dim + i). So what one head's attention
-     * reads of a block is one contiguous run of 2 * block_size * head_dim
-     * floats (8 KiB for head_dim 64): one stream for the prefetcher instead
-     * of two runs 48 KiB apart. */
+     * head's K run then its V run, at kv_pool + b*block_bytes
+     * + (l*n_kv_heads + h) * (run_k + run_v) (+ run_k for V) (kv_head). A
+     * run holds block_size positions of one half in its element type (F32,
+     * F16 or Q8_0: values then scales, kv_q8.h), rounded up to 16 bytes. K
+     * is dims-major (element c of row r at c*block_size + r: the scores of
+     * a block are then broadcast FMAs, see attn_head in cpu_kernels.h); V
+     * is row-major (element i of row r at r*head_dim + i). So what one
+     * head's attention reads of a block is one contiguous run (8 KiB for
+     * head_dim 64 in F32): one stream for the prefetcher instead of two
+     * runs 48 KiB apart. */
     int block_size, n_blocks;
     const dol_kv_blocks *kv;  /* the engine's block tables, during forward */
     void *kv_pool;
-    bool kv_f16;              /* elements are F16 (kv_cache_dtype), else F32 */
-    size_t kv_elem;           /* bytes per element: 2 or 4 */
-    size_t block_floats;      /* elements per block (F16 or F32) */
+    dol_kv_dtype kv_k, kv_v;  /* element types of the halves (resolved) */
+    size_t run_k, run_v;      /* bytes of one head's K / V run in a block */
+    size_t block_bytes;       /* bytes of one block (every layer and head) */
 
     /* RoPE tables [ctx][head_dim/2] */
     float *rope_cos, *rope_sin;
@@ -558,6 +560,15 @@ static size_t mem_available(void)
     return (size_t)kb * 1024;
 }
 
+/* Bytes of one head's run of one half in a block: block_size rows of type
+ * t, rounded up to 16 bytes (so the next run's F32 or F16 elements stay
+ * aligned); 0 when t cannot hold heads of head_dim values. */
+static size_t kv_run_bytes(dol_kv_dtype t, int head_dim, int bs)
+{
+    const size_t b = dol_kv_head_row_bytes(t, head_dim) * (size_t)bs;
+    return (b + 15) & ~(size_t)15;
+}
+
 /* The default pool, once the weights are held: kv_memory_fraction of the
  * memory still available, at most what max_seqs full contexts use, never
  * less than one full context (docs/configuration.md, kv_cache_memory_fraction).
@@ -567,7 +578,7 @@ static size_t mem_available(void)
  * capped at 1 GiB. */
 static int64_t default_kv_blocks(const cpu_engine *e, const dol_engine_params *p, int ctx, int bs)
 {
-    const size_t per_token = (size_t)e->c.n_layers * 2 * e->kv_dim * e->kv_elem;
+    const size_t per_token = e->block_bytes / (size_t)bs;
     int64_t tokens = (int64_t)p->max_seqs * ctx;
     size_t avail = mem_available();
     const size_t mapped = dol_wcache_bytes(e->wcache);
@@ -685,12 +696,19 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
     }
 
     /* KV pool: as asked, else sized from the memory left after the weights */
-    e->kv_f16 = p->kv_dtype_k == DOL_KV_F16;
-    e->kv_elem = e->kv_f16 ? 2 : sizeof(float);
-    e->block_floats = (size_t)c->n_layers * 2 * (size_t)bs * e->kv_dim;
+    e->kv_k = p->kv_dtype_k;
+    e->kv_v = p->kv_dtype_v;
+    e->run_k = kv_run_bytes(e->kv_k, c->head_dim, bs);
+    e->run_v = kv_run_bytes(e->kv_v, c->head_dim, bs);
+    if (e->run_k == 0 || e->run_v == 0) {
+        dol_set_err(err, errlen, "kv_cache_dtype: k=%s v=%s cannot hold heads of %d values",
+                    dol_kv_dtype_str(e->kv_k), dol_kv_dtype_str(e->kv_v), c->head_dim);
+        goto fail;
+    }
+    e->block_bytes = (size_t)c->n_layers * (size_t)c->n_kv_heads * (e->run_k + e->run_v);
     int64_t blocks = *n_blocks;
     if (blocks <= 0) blocks = default_kv_blocks(e, p, ctx, bs);
-    size_t kv_bytes = (size_t)blocks * e->block_floats * e->kv_elem;
+    size_t kv_bytes = (size_t)blocks * e->block_bytes;
     if (posix_memalign(&e->kv_pool, HUGE_PAGE, kv_bytes) != 0) {
         dol_set_err(err, errlen, "kv_cache: cannot allocate %zu bytes for %lld blocks of %d tokens",
                     kv_bytes, (long long)blocks, bs);
@@ -803,7 +821,7 @@ static void cpu_destroy(void *impl)
 static size_t cpu_kv_bytes_per_token(void *impl)
 {
     cpu_engine *e = impl;
-    return (size_t)e->c.n_layers * 2 * e->kv_dim * e->kv_elem;
+    return e->block_bytes / (size_t)e->block_size;
 }
 
 static size_t cpu_weight_bytes(void *impl) { return ((cpu_engine *)impl)->weight_bytes; }
@@ -818,12 +836,36 @@ static int cpu_memory_info(void *impl, size_t *used, size_t *total)
 }
 
 /* Start of KV head h's K (which = 0) or V (1) run of layer `layer` in a
- * block (block_size * head_dim floats; layout above). */
+ * block (layout above). */
 static void *kv_head(const cpu_engine *e, int32_t block, int layer, int h, int which)
 {
-    return (char *)e->kv_pool +
-           ((size_t)block * e->block_floats + (size_t)layer * 2 * e->block_size * e->kv_dim +
-            (size_t)(h * 2 + which) * e->block_size * e->c.head_dim) * e->kv_elem;
+    return (char *)e->kv_pool + (size_t)block * e->block_bytes +
+           ((size_t)layer * (size_t)e->c.n_kv_heads + (size_t)h) * (e->run_k + e->run_v) +
+           (which ? e->run_k : 0);
+}
+
+/* One head's row of hd values into row `row` of a run of type t: element
+ * c at c * stride + row * pitch (K: stride block_size, pitch 1; V: stride
+ * 1, pitch head_dim). Q8_0 quantizes each block of B values once
+ * (dol_kv_q8_quantize) and puts its scale after the values: K's scale of
+ * block j at [j * block_size + row], V's at [row * (hd / B) + j]. */
+static void kv_put(void *run, dol_kv_dtype t, const float *x, int hd, int bs, int row, bool dims_major)
+{
+    const size_t stride = dims_major ? (size_t)bs : 1, pitch = dims_major ? 1 : (size_t)hd;
+    if (t == DOL_KV_Q8_0) {
+        const int B = dol_kv_q8_block(hd), nqb = hd / B;
+        int8_t *q = (int8_t *)run + (size_t)row * pitch;
+        uint16_t *d = (uint16_t *)((char *)run + (size_t)hd * bs);
+        for (int j = 0; j < nqb; j++)
+            d[dims_major ? (size_t)j * bs + row : (size_t)row * nqb + j] =
+                dol_kv_q8_quantize(x + (size_t)j * B, 1, B, q + (size_t)j * B * stride, (int)stride);
+    } else if (t == DOL_KV_F16) { /* round to nearest even (dol_f32_to_f16) */
+        uint16_t *h = (uint16_t *)run + (size_t)row * pitch;
+        for (int c = 0; c < hd; c++) h[(size_t)c * stride] = dol_f32_to_f16(x[c]);
+    } else {
+        float *f = (float *)run + (size_t)row * pitch;
+        for (int c = 0; c < hd; c++) f[(size_t)c * stride] = x[c];
+    }
 }
 
 /* Store KV heads h0 .. h1-1 of one token's K and V rows (kv_dim floats
@@ -834,16 +876,8 @@ static void kv_store(cpu_engine *e, int32_t block, int layer, int row, const flo
 {
     const int hd = e->c.head_dim;
     for (int h = h0; h < h1; h++) {
-        const float *kh = k + (size_t)h * hd, *vh = v + (size_t)h * hd;
-        if (e->kv_f16) { /* round to nearest even (dol_f32_to_f16) */
-            uint16_t *kt = kv_head(e, block, layer, h, 0), *vt = kv_head(e, block, layer, h, 1);
-            for (int c = 0; c < hd; c++) kt[(size_t)c * e->block_size + row] = dol_f32_to_f16(kh[c]);
-            for (int c = 0; c < hd; c++) vt[(size_t)row * hd + c] = dol_f32_to_f16(vh[c]);
-            continue;
-        }
-        float *kt = kv_head(e, block, layer, h, 0);
-        for (int c = 0; c < hd; c++) kt[(size_t)c * e->block_size + row] = kh[c];
-        memcpy((float *)kv_head(e, block, layer, h, 1) + (size_t)row * hd, vh, sizeof(float) * hd);
+        kv_put(kv_head(e, block, layer, h, 0), e->kv_k, k + (size_t)h * hd, hd, e->block_size, row, true);
+        kv_put(kv_head(e, block, layer, h, 1), e->kv_v, v + (size_t)h * hd, hd, e->block_size, row, false);
     }
 }
 
@@ -865,17 +899,25 @@ static void rope_and_store(cpu_engine *e, int t, int layer, int g0, int g1)
 }
 
 /* Copy-on-write of a shared last block (n > 1 forks): the first `rows`
- * rows are what matters; K is dims-major, so its whole region is copied,
- * V the first rows of each head. */
+ * rows are what matters; K is dims-major, so its whole run is copied, V
+ * the first rows of each head (and of its scales under Q8_0). */
 static void cpu_copy_block(void *impl, int32_t src, int32_t dst, int rows)
 {
     cpu_engine *e = impl;
-    const size_t head = (size_t)e->block_size * e->c.head_dim;
+    const int hd = e->c.head_dim, bs = e->block_size;
+    const size_t row = dol_kv_head_row_bytes(e->kv_v, hd);
     for (int l = 0; l < e->c.n_layers; l++) {
         for (int h = 0; h < e->c.n_kv_heads; h++) {
-            memcpy(kv_head(e, dst, l, h, 0), kv_head(e, src, l, h, 0), e->kv_elem * head);
-            memcpy(kv_head(e, dst, l, h, 1), kv_head(e, src, l, h, 1),
-                   e->kv_elem * (size_t)rows * e->c.head_dim);
+            memcpy(kv_head(e, dst, l, h, 0), kv_head(e, src, l, h, 0), e->run_k);
+            char *vd = kv_head(e, dst, l, h, 1);
+            const char *vs = kv_head(e, src, l, h, 1);
+            if (e->kv_v != DOL_KV_Q8_0) {
+                memcpy(vd, vs, (size_t)rows * row);
+                continue;
+            }
+            const size_t sb = (size_t)(hd / dol_kv_q8_block(hd)) * sizeof(uint16_t); /* a row's scales */
+            memcpy(vd, vs, (size_t)rows * hd);
+            memcpy(vd + (size_t)bs * hd, vs + (size_t)bs * hd, (size_t)rows * sb);
         }
     }
 }
@@ -908,12 +950,8 @@ static void attn_one(const attn_job *j, int t, int h, int worker)
     const float *q = e->q + (size_t)t * e->q_dim + (size_t)h * hd;
     float *out = e->att + (size_t)t * e->q_dim + (size_t)h * hd;
     float *sc = e->scores + (size_t)worker * e->scores_stride;
-    if (e->kv_f16)
-        j->kern->attn_head_h(q, hd, e->tok_pos[t] + 1, k_base, v_base, s->table, e->block_size,
-                             e->block_floats, hd, 1.0f / sqrtf((float)hd), sc, out);
-    else
-        j->kern->attn_head(q, hd, e->tok_pos[t] + 1, k_base, v_base, s->table, e->block_size,
-                           e->block_floats, hd, 1.0f / sqrtf((float)hd), sc, out);
+    j->kern->attn_head(q, hd, e->tok_pos[t] + 1, k_base, v_base, e->kv_k, e->kv_v, s->table,
+                       e->block_size, e->block_bytes, 1.0f / sqrtf((float)hd), sc, out);
 }
 
 /* Bytes of a head's K/V that kv_prefetch asks for into L1 (small beside a
@@ -933,7 +971,7 @@ static void kv_prefetch(const cpu_engine *e, int t, int layer, int g)
 {
     const dol_kv_seq *s = &e->kv->seqs[e->tok_seq[t]];
     const int n = e->tok_pos[t] + 1, bs = e->block_size;
-    const size_t run = 2 * (size_t)bs * (size_t)e->c.head_dim * e->kv_elem;
+    const size_t run = e->run_k + e->run_v;
     size_t asked = 0;
     for (int b = 0; b < (n + bs - 1) / bs && asked < KV_PREFETCH_MAX_BYTES; b++, asked += run) {
         const char *p = (const char *)kv_head(e, s->table[b], layer, g, 0);

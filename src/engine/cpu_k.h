@@ -41,12 +41,9 @@ void DOL_K(rope)(float *x, int n_heads, int head_dim, const float *cos_row, cons
 void DOL_K(silu_mul)(float *out, const float *gate, const float *up, int n);
 
 /* cpu_k_attn.c */
-void DOL_K(attn_head)(const float *q, int hd, int n, const float *k_base, const float *v_base,
-                      const int32_t *table, int bs, size_t block_floats, int v_stride,
-                      float scale, float *sc, float *out);
-void DOL_K(attn_head_h)(const float *q, int hd, int n, const uint16_t *k_base,
-                        const uint16_t *v_base, const int32_t *table, int bs,
-                        size_t block_floats, int v_stride, float scale, float *sc, float *out);
+void DOL_K(attn_head)(const float *q, int hd, int n, const void *k_base, const void *v_base,
+                      dol_kv_dtype kt, dol_kv_dtype vt, const int32_t *table, int bs,
+                      size_t block_bytes, float scale, float *sc, float *out);
 
 /* cpu_k_quantize.c: the load-time quantizers */
 int DOL_K(nf4_quantize_rows)(const void *src, dol_dtype t, const dol_nf4_matrix *m, int64_t r0,

@@ -43,7 +43,6 @@ const dol_cpu_kernels DOL_CAT(dol_cpu_kernels_, DOL_CPU_VARIANT) = {
     .rope = DOL_K(rope),
     .silu_mul = DOL_K(silu_mul),
     .attn_head = DOL_K(attn_head),
-    .attn_head_h = DOL_K(attn_head_h),
     .nf4_quantize_rows = DOL_K(nf4_quantize_rows),
     .q8_quantize_rows = DOL_K(q8_quantize_rows),
     .xxh3 = DOL_K(xxh3),

@@ -34,6 +34,7 @@
 #ifndef DOLPHIN_ENGINE_CPU_KERNELS_H
 #define DOLPHIN_ENGINE_CPU_KERNELS_H
 
+#include "dolphin/engine.h"
 #include "dolphin/model.h"
 #include <stdbool.h>
 #include <stddef.h>
@@ -109,37 +110,43 @@ typedef struct dol_cpu_kernels {
 
     /* Causal attention of one query head over positions 0..n-1 (n >= 1) of
      * one sequence in the paged KV cache of the CPU backend (cpu_engine.c).
-     * Position p is row p % bs of block table[p / bs]; block b of the pool
-     * starts block_floats floats after block 0. Within a block the keys of
-     * the head are stored dims-major: k_base + b * block_floats + i * bs + r
-     * is dimension i of row r (i < head_dim, r < bs); the values rows-major:
-     * v_base + b * block_floats + r * v_stride + i.
+     * Position p is row p % bs of block table[p / bs]; this head's K run of
+     * block b starts at k_base + b * block_bytes, its V run at v_base +
+     * b * block_bytes (bytes). The K half is kt, the V half vt: F32, F16 or
+     * Q8_0 (include/dolphin/kv_q8.h: B = dol_kv_q8_block(head_dim) values
+     * a block, never AUTO). Within a run, keys are dims-major, values
+     * rows-major:
+     *   F32 / F16 K: element [i * bs + r] is dimension i of row r
+     *   Q8_0 K:      int8 [i * bs + r], then F16 scales [j * bs + r] for
+     *                block j of row r, from byte head_dim * bs
+     *   F32 / F16 V: element [r * head_dim + i]
+     *   Q8_0 V:      int8 [r * head_dim + i], then F16 scales
+     *                [r * (head_dim / B) + j], from byte bs * head_dim
+     * Scores, softmax, values:
      *   s_p   = scale * (sum over i ascending of q[i] * k_p[i], one fused
-     *           multiply-add per i)
+     *           multiply-add per i); Q8_0: a_j = that sum over block j on
+     *           the int8 values, s_p = scale * (sum over j ascending of
+     *           a_j * d_j, one fused multiply-add per j)
      *   e_p   = exp(s_p - max_p s_p), by the kernels' own exp (Cody-Waite
      *           reduction and a degree-7 polynomial, within 2 ulp of expf;
      *           scalar and vector forms perform the same operations)
-     *   out[i] = (sum over p ascending of e_p * v_p[i], one fused
-     *            multiply-add per p) * (1 / sum over p ascending of e_p)
+     *   out[i] = (sum over p ascending of w_p * v_p[i], one fused
+     *            multiply-add per p) * (1 / sum over p ascending of e_p),
+     *            w_p = e_p (F32 / F16) or e_p * d_p (Q8_0: the scale of the
+     *            block of row p holding i) and v_p[i] the int8 value
      * (scaled dot-product attention, Vaswani et al. 2017, with the usual
-     * max subtraction). Every variant computes exactly these operations in
-     * this order, so the result is the same bits in every variant; the
-     * SIMD ones vectorize across positions (scores) and dimensions
-     * (values), never within one sum. The keys dims-major is what lets the
-     * scores of DOL_SIMD positions come from head_dim broadcast FMAs with
-     * no horizontal sums. scratch: at least n rounded up to bs floats;
-     * out: head_dim floats. Rows >= n of the last block may hold anything
-     * (they are read and ignored). */
-    void (*attn_head)(const float *q, int head_dim, int n, const float *k_base,
-                      const float *v_base, const int32_t *table, int bs, size_t block_floats,
-                      int v_stride, float scale, float *scratch, float *out);
-    /* The same over a KV cache of F16 (kv_cache_dtype f16): k_base, v_base
-     * and block_floats count F16 elements; each element is widened to f32
-     * exactly, then the operations above run in the same order, so the
-     * result is what attn_head gives over the widened cache. */
-    void (*attn_head_h)(const float *q, int head_dim, int n, const uint16_t *k_base,
-                        const uint16_t *v_base, const int32_t *table, int bs, size_t block_floats,
-                        int v_stride, float scale, float *scratch, float *out);
+     * max subtraction). F16 and the scales are widened to f32 exactly.
+     * Every variant computes exactly these operations in this order, so
+     * the result is the same bits in every variant; the SIMD ones vectorize
+     * across positions (scores) and dimensions (values), never within one
+     * sum. The keys dims-major is what lets the scores of DOL_SIMD
+     * positions come from head_dim broadcast FMAs with no horizontal sums.
+     * scratch: at least n rounded up to bs floats; out: head_dim floats.
+     * Rows >= n of the last block may hold anything (they are read and
+     * ignored). */
+    void (*attn_head)(const float *q, int head_dim, int n, const void *k_base, const void *v_base,
+                      dol_kv_dtype kt, dol_kv_dtype vt, const int32_t *table, int bs,
+                      size_t block_bytes, float scale, float *scratch, float *out);
 
     /* Load-time quantization of rows r0 .. r1-1 of src (a row-major
      * [m->rows][m->cols] matrix of dtype t: F32, F16 or BF16) into m's

@@ -39,6 +39,8 @@ typedef __m512 vecf;
 static inline vecf v_zero(void) { return _mm512_setzero_ps(); }
 static inline vecf v_load(const float *p) { return _mm512_loadu_ps(p); }
 static inline vecf v_load_h(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+/* 16 int8 values widened to f32 (exact) */
+static inline vecf v_load_i8(const int8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 /* BF16 is the high half of an F32: widen to 32 bits, shift left 16 (exact,
  * the same bits as dol_bf16_to_f32). */
 static inline vecf v_load_bf16(const uint16_t *p)
@@ -73,6 +75,7 @@ typedef __m256 vecf;
 static inline vecf v_zero(void) { return _mm256_setzero_ps(); }
 static inline vecf v_load(const float *p) { return _mm256_loadu_ps(p); }
 static inline vecf v_load_h(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline vecf v_load_i8(const int8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
 static inline vecf v_load_bf16(const uint16_t *p)
 {
     __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));

@@ -115,6 +115,8 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
                 cJSON_AddNumberToObject(kv, "full_contexts",
                                         ms->context_len > 0 ? tokens / ms->context_len : 0.0);
                 cJSON_AddStringToObject(kv, "dtype", ms->kv_dtype ? ms->kv_dtype : "f32");
+                cJSON_AddStringToObject(kv, "dtype_k", ms->kv_dtype_k ? ms->kv_dtype_k : "f32");
+                cJSON_AddStringToObject(kv, "dtype_v", ms->kv_dtype_v ? ms->kv_dtype_v : "f32");
             }
             cJSON *devs = cJSON_AddArrayToObject(o, "devices");
             for (int d = 0; devs && d < ms->n_devices; d++) {
@@ -179,6 +181,8 @@ enum MHD_Result dol_http_healthz(dol_http_req *c)
             cJSON_AddNumberToObject(kv, "full_contexts",
                                     st->context_len > 0 ? tokens / st->context_len : 0.0);
             cJSON_AddStringToObject(kv, "dtype", st->kv_dtype ? st->kv_dtype : "f32");
+            cJSON_AddStringToObject(kv, "dtype_k", st->kv_dtype_k ? st->kv_dtype_k : "f32");
+            cJSON_AddStringToObject(kv, "dtype_v", st->kv_dtype_v ? st->kv_dtype_v : "f32");
             cJSON_AddNumberToObject(kv, "blocks_cached", st->kv_blocks_cached);
             cJSON_AddNumberToObject(kv, "prefix_cache_query_tokens",
                                     (double)st->prefix_cache_query_tokens);

@@ -54,7 +54,8 @@ enum MHD_Result dol_http_metrics(dol_http_req *c)
             .queue_depth = st->queued, .running_requests = st->running_requests,
             .running_seqs = st->running_seqs, .kv_blocks_used = st->kv_blocks_used,
             .kv_blocks_total = st->kv_blocks_total, .kv_block_size = st->kv_block_size,
-            .kv_blocks_cached = st->kv_blocks_cached,
+            .kv_blocks_cached = st->kv_blocks_cached, .context_len = st->context_len,
+            .kv_dtype_k = st->kv_dtype_k, .kv_dtype_v = st->kv_dtype_v,
             .prefix_cache_query_tokens = st->prefix_cache_query_tokens,
             .prefix_cache_hit_tokens = st->prefix_cache_hit_tokens,
             .device_memory_used = st->mem_used_bytes, .device_memory_total = st->mem_total_bytes,
@@ -92,6 +93,9 @@ enum MHD_Result dol_http_metrics(dol_http_req *c)
     g.kv_blocks_total = rd.st.kv_blocks_total;
     g.kv_block_size = rd.st.kv_block_size;
     g.kv_blocks_cached = rd.st.kv_blocks_cached;
+    g.context_len = rd.st.context_len;
+    g.kv_dtype_k = rd.have_sched ? rd.st.kv_dtype_k : NULL;
+    g.kv_dtype_v = rd.have_sched ? rd.st.kv_dtype_v : NULL;
     g.prefix_cache_query_tokens = rd.st.prefix_cache_query_tokens;
     g.prefix_cache_hit_tokens = rd.st.prefix_cache_hit_tokens;
     g.device_memory_used = rd.st.mem_used_bytes;

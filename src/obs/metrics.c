@@ -301,7 +301,7 @@ static void histogram_family(out_buf *o, const dol_metrics *m, hist_id id)
 
 typedef enum {
     MF_QUEUE, MF_RUN_REQ, MF_RUN_SEQ, MF_KV_USED, MF_KV_CAP, MF_KV_BS, MF_KV_RATIO,
-    MF_KV_CACHED, MF_PC_Q, MF_PC_H, MF_MEM_USED, MF_MEM_TOTAL, MF_WEIGHTS, MF_STEPS, MF_HEART,
+    MF_KV_CACHED, MF_KV_TOKENS, MF_KV_CONTEXTS, MF_PC_Q, MF_PC_H, MF_MEM_USED, MF_MEM_TOTAL, MF_WEIGHTS, MF_STEPS, MF_HEART,
     MF_LOADED, MF_WAITING, MF_LOADS, MF_LOAD_FAILS, MF_UNLOADS, MF_LOAD_S, MF_LAST_LOAD_S,
 } model_fig;
 
@@ -321,6 +321,9 @@ static const struct {
     {"dolphin_kv_cache_usage_ratio", "gauge", "Fraction of the KV-cache pool in use.", false},
     {"dolphin_kv_cache_blocks_cached", "gauge",
      "KV-cache blocks no sequence holds that the prefix cache keeps (counted as free).", false},
+    {"dolphin_kv_cache_tokens_capacity", "gauge", "Tokens the KV-cache pool holds in all.", false},
+    {"dolphin_kv_cache_full_contexts", "gauge",
+     "Full contexts (context_len tokens each) the KV-cache pool holds.", false},
     {"dolphin_prefix_cache_queries_total", "counter",
      "Prompt tokens looked up in the prefix cache.", false},
     {"dolphin_prefix_cache_hits_total", "counter",
@@ -359,6 +362,9 @@ static double model_value(const dol_metrics_model *x, model_fig f)
     case MF_KV_RATIO:
         return x->kv_blocks_total > 0 ? (double)x->kv_blocks_used / x->kv_blocks_total : 0.0;
     case MF_KV_CACHED: return x->kv_blocks_cached;
+    case MF_KV_TOKENS: return (double)x->kv_blocks_total * x->kv_block_size;
+    case MF_KV_CONTEXTS:
+        return x->context_len > 0 ? (double)x->kv_blocks_total * x->kv_block_size / x->context_len : 0.0;
     case MF_PC_Q: return (double)x->prefix_cache_query_tokens;
     case MF_PC_H: return (double)x->prefix_cache_hit_tokens;
     case MF_MEM_USED: return (double)x->device_memory_used;
@@ -437,6 +443,7 @@ char *dol_metrics_render(dol_metrics *m, const dol_metrics_gauges *g, size_t *le
         .running_requests = g->running_requests, .running_seqs = g->running_seqs,
         .kv_blocks_used = g->kv_blocks_used, .kv_blocks_total = g->kv_blocks_total,
         .kv_block_size = g->kv_block_size, .kv_blocks_cached = g->kv_blocks_cached,
+        .context_len = g->context_len, .kv_dtype_k = g->kv_dtype_k, .kv_dtype_v = g->kv_dtype_v,
         .prefix_cache_query_tokens = g->prefix_cache_query_tokens,
         .prefix_cache_hit_tokens = g->prefix_cache_hit_tokens,
         .device_memory_used = g->device_memory_used, .device_memory_total = g->device_memory_total,
@@ -469,6 +476,18 @@ char *dol_metrics_render(dol_metrics *m, const dol_metrics_gauges *g, size_t *le
             if (g->gpu_utilization >= 0)
                 put(&o, "dolphin_gpu_utilization_ratio %.17g\n", g->gpu_utilization);
         }
+    }
+    /* the KV cache's element types, as labels of an info gauge */
+    family(&o, "dolphin_kv_cache_info", "gauge",
+           "Always 1; the labels give the KV cache's element type per half (f32, f16, q8_0).");
+    for (int i = 0; i < n_ms; i++) {
+        if (!ms[i].loaded || !ms[i].kv_dtype_k || !ms[i].kv_dtype_v) continue;
+        if (ms[i].name)
+            put(&o, "dolphin_kv_cache_info{model=\"%s\",dtype_k=\"%s\",dtype_v=\"%s\"} 1\n",
+                label_value(ms[i].name, c, sizeof c), ms[i].kv_dtype_k, ms[i].kv_dtype_v);
+        else
+            put(&o, "dolphin_kv_cache_info{dtype_k=\"%s\",dtype_v=\"%s\"} 1\n", ms[i].kv_dtype_k,
+                ms[i].kv_dtype_v);
     }
     /* memory and blocks per device holding part of a loaded model */
     static const struct { const char *name, *help; } DEV_FAMILIES[] = {

@@ -421,18 +421,21 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
     sp.memory_high_watermark = cfg->memory_high_watermark;
     sp.prefill_chunk = cfg->prefill_chunk;
     if (dol_scheduler_create(o->engine, o->tok, &sp, &o->sched, err, errlen) != 0) goto fail;
+    /* the halves' names ("k=q8_0,v=f16") are quoted when they differ */
+    const char *kvq = strchr(dol_engine_kv_dtype_name(o->engine), '=') ? "\"" : "";
     dol_log(DOL_LOG_INFO, "model_loaded",
             "backend=%s cpu_kernels=%s activations=%s model=%s path=%s file_format=%s file_types=\"%s\" "
             "layers=%d hidden=%d heads=%d kv_heads=%d "
-            "vocab=%d ctx=%d weight_bytes=%zu kv_blocks=%d kv_block_size=%d kv_cache_dtype=%s "
-            "kv_tokens=%lld kv_contexts=%.2f kv_bytes=%zu threads=%d load_ms=%.0f",
+            "vocab=%d ctx=%d weight_bytes=%zu kv_blocks=%d kv_block_size=%d kv_cache_dtype=%s%s%s "
+            "kv_cache_dtype_k=%s kv_cache_dtype_v=%s kv_tokens=%lld kv_contexts=%.2f kv_bytes=%zu threads=%d load_ms=%.0f",
             dol_engine_backend_name(o->engine), dol_engine_cpu_kernels(),
             dol_engine_activations(o->engine), me->name, me->path,
             dol_model_format_name(o->model->format), o->model->type_mix, o->model->cfg.n_layers, o->model->cfg.hidden_size, o->model->cfg.n_heads,
             o->model->cfg.n_kv_heads, o->model->cfg.vocab_size, dol_engine_context_len(o->engine),
             dol_engine_weight_bytes(o->engine), dol_engine_kv_blocks_total(o->engine),
-            dol_engine_kv_block_size(o->engine), dol_engine_kv_dtype_name(o->engine),
-            (long long)dol_engine_kv_blocks_total(o->engine) * dol_engine_kv_block_size(o->engine),
+            dol_engine_kv_block_size(o->engine), kvq, dol_engine_kv_dtype_name(o->engine), kvq,
+            dol_kv_dtype_str(dol_engine_kv_dtype(o->engine, 0)),
+            dol_kv_dtype_str(dol_engine_kv_dtype(o->engine, 1)), (long long)dol_engine_kv_blocks_total(o->engine) * dol_engine_kv_block_size(o->engine),
             (double)dol_engine_kv_blocks_total(o->engine) * dol_engine_kv_block_size(o->engine) /
                 dol_engine_context_len(o->engine),
             (size_t)dol_engine_kv_blocks_total(o->engine) * dol_engine_kv_block_size(o->engine) *

@@ -1017,6 +1017,8 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     s->st.kv_block_size = dol_engine_kv_block_size(engine);
     s->st.context_len = dol_engine_context_len(engine);
     s->st.kv_dtype = dol_engine_kv_dtype_name(engine);
+    s->st.kv_dtype_k = dol_kv_dtype_str(dol_engine_kv_dtype(engine, 0));
+    s->st.kv_dtype_v = dol_kv_dtype_str(dol_engine_kv_dtype(engine, 1));
     if (!s->p.manual && pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {
         dol_set_err(err, errlen, "scheduler: cannot start its thread");
         pthread_cond_destroy(&s->cv);

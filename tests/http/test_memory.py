@@ -124,7 +124,7 @@ def test_kv_pool_default_and_dtype(model_110m):
         assert kv["dtype"] == "f16"
         assert 1.0 <= kv["full_contexts"] <= 3.0
         assert kv["tokens_total"] == kv["blocks_total"] * kv["block_size"]
-        assert re.search(r"event=model_loaded .*kv_cache_dtype=f16 kv_tokens=\d+ kv_contexts=",
+        assert re.search(r"event=model_loaded .*kv_cache_dtype=f16 kv_cache_dtype_k=f16 kv_cache_dtype_v=f16 kv_tokens=\d+ kv_contexts=",
                          d.log())
         f16_bytes = d.health()["memory"]["total_bytes"] / kv["tokens_total"]
     finally:

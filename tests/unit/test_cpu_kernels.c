@@ -27,6 +27,7 @@
 #include "dolphin/engine.h"
 #include "dolphin/model.h"
 #include "engine/cpu_kernels.h"
+#include "dolphin/kv_q8.h"
 #include "engine/cpu_ops.h"
 #include "engine/nf4.h"
 #include "test_fixtures.h"
@@ -589,43 +590,86 @@ static void test_elementwise(void **state)
 
 /* ---- attention over paged KV blocks ------------------------------------------ */
 
+/* Bytes of one run of bs rows of a half of type t (the layout of
+ * attn_head in cpu_kernels.h; runs need no padding here). */
+static size_t run_bytes(dol_kv_dtype t, int hd, int bs) { return dol_kv_head_row_bytes(t, hd) * (size_t)bs; }
+
+/* Row r of a run of type t filled from x[hd] (dims_major for K), exactly
+ * as the engine stores it; the values attention then reads go back into
+ * x (F16-rounded, or q * d). */
+static void put_row(char *run, dol_kv_dtype t, float *x, int hd, int bs, int r, bool dims_major)
+{
+    const size_t st = dims_major ? (size_t)bs : 1, pitch = dims_major ? 1 : (size_t)hd;
+    if (t == DOL_KV_Q8_0) {
+        const int B = dol_kv_q8_block(hd), nqb = hd / B;
+        int8_t *q = (int8_t *)run + (size_t)r * pitch;
+        uint16_t *d = (uint16_t *)(run + (size_t)hd * bs);
+        for (int j = 0; j < nqb; j++) {
+            uint16_t h = dol_kv_q8_quantize(x + (size_t)j * B, 1, B, q + (size_t)j * B * st, (int)st);
+            d[dims_major ? (size_t)j * bs + r : (size_t)r * nqb + j] = h;
+            for (int i = j * B; i < (j + 1) * B; i++) x[i] = (float)q[(size_t)i * st] * dol_f16_to_f32(h);
+        }
+    } else if (t == DOL_KV_F16) {
+        uint16_t *h = (uint16_t *)run + (size_t)r * pitch;
+        for (int i = 0; i < hd; i++) {
+            h[(size_t)i * st] = dol_f32_to_f16(x[i]);
+            x[i] = dol_f16_to_f32(h[(size_t)i * st]);
+        }
+    } else {
+        float *f = (float *)run + (size_t)r * pitch;
+        for (int i = 0; i < hd; i++) f[(size_t)i * st] = x[i];
+    }
+}
+
 /* attn_head of every variant gives the same bits as the portable one (the
- * contract fixes every operation and its order), on odd head sizes, block
- * sizes and lengths, with the blocks of the sequence scattered in the pool
- * and garbage in the unused rows; and it is within 1e-5 of a double-
- * precision softmax attention. */
+ * contract fixes every operation and its order), for every pair of K / V
+ * element types, on odd head sizes, block sizes and lengths, with the
+ * blocks of the sequence scattered in the pool and garbage in the unused
+ * rows; and it is within 1e-5 of a double-precision softmax attention over
+ * the values as stored (F16-rounded, or the Q8_0 q * d). */
 static void test_attn_head(void **state)
 {
     (void)state;
     static const int hds[] = { 1, 7, 16, 33, 64, 128 };
     static const int bss[] = { 16, 8, 5 };
     static const int ns[] = { 1, 2, 15, 16, 17, 40, 63, 64, 65, 100 };
+    static const dol_kv_dtype types[] = { DOL_KV_F32, DOL_KV_F16, DOL_KV_Q8_0 };
     const dol_cpu_kernels *v[N_NAMES];
     int nv = supported_variants(v);
     int cases = 0;
+    for (int ki = 0; ki < 3; ki++)
+    for (int vti = 0; vti < 3; vti++)
     for (int hi = 0; hi < COUNT(hds); hi++)
         for (int bi = 0; bi < COUNT(bss); bi++)
             for (int ni = 0; ni < COUNT(ns); ni++) {
+                const dol_kv_dtype kt = types[ki], vt = types[vti];
                 const int hd = hds[hi], bs = bss[bi], n = ns[ni];
-                const int kv_stride = hd + 3;            /* V rows of a wider KV head set */
+                if ((kt == DOL_KV_Q8_0 || vt == DOL_KV_Q8_0) && !dol_kv_q8_head_ok(hd)) continue;
                 const int nb = (n + bs - 1) / bs, pool_blocks = nb + 3;
-                const size_t block_floats = (size_t)bs * hd + (size_t)bs * kv_stride + 11;
-                float *pool = random_floats((size_t)pool_blocks * block_floats);
+                const size_t rk = run_bytes(kt, hd, bs), rv = run_bytes(vt, hd, bs);
+                const size_t block_bytes = (rk + rv + 11 * 4 + 15) & ~(size_t)15;
+                /* random bytes everywhere (garbage rows included), then the
+                 * sequence's rows written in the engine's layout */
+                float *pool = random_floats(block_bytes * pool_blocks / sizeof(float));
                 float *q = random_floats((size_t)hd);
+                float *kx = random_floats((size_t)n * hd), *vx = random_floats((size_t)n * hd);
                 int32_t *table = malloc(sizeof(int32_t) * nb);
                 assert_non_null(table);
-                for (int b = 0; b < nb; b++) table[b] = (int32_t)((b * 5 + 2) % pool_blocks);
-                const float *k_base = pool, *v_base = pool + (size_t)bs * hd;
+                for (int b = 0; b < nb; b++) table[b] = (int32_t)(nb + 2 - b); /* distinct, scattered */
+                char *k_base = (char *)pool, *v_base = (char *)pool + rk;
+                for (int p = 0; p < n; p++) {
+                    put_row(k_base + (size_t)table[p / bs] * block_bytes, kt, kx + (size_t)p * hd, hd, bs, p % bs, true);
+                    put_row(v_base + (size_t)table[p / bs] * block_bytes, vt, vx + (size_t)p * hd, hd, bs, p % bs, false);
+                }
                 const float scale = 1.0f / sqrtf((float)hd);
 
-                /* double-precision reference */
+                /* double-precision reference over the stored values */
                 double *ref = calloc((size_t)hd, sizeof(double)), *sc = malloc(sizeof(double) * n);
                 assert_true(ref && sc);
                 double maxv = -INFINITY, sum = 0.0;
                 for (int p = 0; p < n; p++) {
-                    const float *kt = k_base + (size_t)table[p / bs] * block_floats;
                     double d = 0.0;
-                    for (int i = 0; i < hd; i++) d += (double)q[i] * kt[(size_t)i * bs + p % bs];
+                    for (int i = 0; i < hd; i++) d += (double)q[i] * kx[(size_t)p * hd + i];
                     sc[p] = d * scale;
                     if (sc[p] > maxv) maxv = sc[p];
                 }
@@ -633,30 +677,32 @@ static void test_attn_head(void **state)
                     sc[p] = exp(sc[p] - maxv);
                     sum += sc[p];
                 }
-                for (int p = 0; p < n; p++) {
-                    const float *vr = v_base + (size_t)table[p / bs] * block_floats + (size_t)(p % bs) * kv_stride;
-                    for (int i = 0; i < hd; i++) ref[i] += sc[p] / sum * vr[i];
-                }
+                for (int p = 0; p < n; p++)
+                    for (int i = 0; i < hd; i++) ref[i] += sc[p] / sum * vx[(size_t)p * hd + i];
 
                 float *port = malloc(sizeof(float) * hd), *out = malloc(sizeof(float) * hd);
                 float *scratch = malloc(sizeof(float) * (size_t)nb * bs);
                 assert_true(port && out && scratch);
                 for (int vi = 0; vi < nv; vi++) {
-                    v[vi]->attn_head(q, hd, n, k_base, v_base, table, bs, block_floats, kv_stride,
+                    v[vi]->attn_head(q, hd, n, k_base, v_base, kt, vt, table, bs, block_bytes,
                                      scale, scratch, vi == 0 ? port : out);
                     const float *got = vi == 0 ? port : out;
                     for (int i = 0; i < hd; i++) {
                         if (vi > 0 && !same_bits(out[i], port[i]))
-                            fail_msg("attn_head [%s] hd=%d bs=%d n=%d i=%d: %.9g, portable %.9g",
-                                     v[vi]->name, hd, bs, n, i, out[i], port[i]);
-                        check_close("attn_head", v[vi]->name, got[i], ref[i], 1.0, hd, n, i);
+                            fail_msg("attn_head k=%s v=%s [%s] hd=%d bs=%d n=%d i=%d: %.9g, portable %.9g",
+                                     dol_kv_dtype_str(kt), dol_kv_dtype_str(vt), v[vi]->name, hd, bs,
+                                     n, i, out[i], port[i]);
+                        if (!(fabs(got[i] - ref[i]) <= REL))
+                            fail_msg("attn_head k=%s v=%s [%s] hd=%d bs=%d n=%d i=%d: %.9g vs %.9g",
+                                     dol_kv_dtype_str(kt), dol_kv_dtype_str(vt), v[vi]->name, hd, bs,
+                                     n, i, got[i], ref[i]);
                     }
                 }
                 cases++;
-                free(pool); free(q); free(table); free(ref); free(sc);
+                free(pool); free(q); free(kx); free(vx); free(table); free(ref); free(sc);
                 free(port); free(out); free(scratch);
             }
-    print_message("  attn_head: %d shapes x %d variants\n", cases, nv);
+    print_message("  attn_head: %d shapes x type pairs x %d variants\n", cases, nv);
 }
 
 /* ---- BF16 weights through the engine --------------------------------------- */
