@@ -35,7 +35,8 @@
 
 #define MAX_LIST 64       /* entries in --prompts / --batches */
 #define MAX_BATCH 256     /* largest decode batch */
-#define SHORT_PROMPT 16   /* tokens each decode sequence is prefilled with */
+#define SHORT_PROMPT 16   /* tokens each decode sequence is prefilled with (--context) */
+static int g_context = SHORT_PROMPT;
 
 static int usage(void)
 {
@@ -45,7 +46,8 @@ static int usage(void)
             "                    [--sweep A-B] [--sweep-out FILE] [--markdown]\n"
             "                    [--weights auto|f32|f16|nf4|int8] [--quantize-lm-head]\n"
             "                    [--backend auto|cpu|cuda] [--no-batch-invariant]\n"
-            "                    [--activations auto|f32|int8]\n");
+            "                    [--activations auto|f32|int8] [--kv-cache-dtype f32|f16|q8_0]\n"
+            "                    [--context N]  (decode sequences prefilled with N tokens; 16)\n");
     return 2;
 }
 
@@ -561,9 +563,9 @@ static double prefill_tps(bench *b, int n, int reps, bool warm)
     return n / (best / 1000.0);
 }
 
-/* Decode tokens/s at batch B: B sequences each prefilled with SHORT_PROMPT
+/* Decode tokens/s at batch B: B sequences each prefilled with g_context
  * tokens (untimed), one untimed warm-up step, then `reps` timed runs of
- * `decode` steps at positions SHORT_PROMPT.. (each run overwrites the same
+ * `decode` steps at positions g_context.. (each run overwrites the same
  * positions, so all runs do the same work); the best run counts. -1 on an
  * engine error (printed).
  *
@@ -586,11 +588,11 @@ static double decode_tps(bench *b, int B, int reps)
     for (int i = 0; i < B; i++) seqs[i] = -1;
     for (int i = 0; i < B; i++) {
         seqs[i] = dol_engine_seq_new(b->e);
-        if (seqs[i] < 0 || dol_engine_seq_reserve(b->e, seqs[i], SHORT_PROMPT + b->decode) != 0) {
+        if (seqs[i] < 0 || dol_engine_seq_reserve(b->e, seqs[i], g_context + b->decode) != 0) {
             fprintf(stderr, "\nbench_engine: decode batch %d: no sequence slot or KV blocks\n", B);
             goto fail_free;
         }
-        dol_batch_item pi = { seqs[i], SHORT_PROMPT, b->toks + i, 0, 1, b->logits };
+        dol_batch_item pi = { seqs[i], g_context, b->toks + i, 0, 1, b->logits };
         if (dol_engine_forward(b->e, &pi, 1, err, sizeof err) != 0) goto fail;
     }
     const bool pair = B == 1 && b->pr;
@@ -607,8 +609,8 @@ static double decode_tps(bench *b, int B, int reps)
         double t0 = dol_now_ms();
         for (int step = 0; step < steps; step++) {
             for (int i = 0; i < B; i++)
-                items[i] = (dol_batch_item){ seqs[i], 1, b->toks + SHORT_PROMPT + step + i,
-                                             SHORT_PROMPT + step, 1, b->logits + (size_t)i * b->V };
+                items[i] = (dol_batch_item){ seqs[i], 1, b->toks + g_context + step + i,
+                                             g_context + step, 1, b->logits + (size_t)i * b->V };
             if (dol_engine_forward(b->e, items, B, err, sizeof err) != 0) goto fail;
         }
         double ms = dol_now_ms() - t0;
@@ -680,6 +682,7 @@ int main(int argc, char **argv)
     dol_weight_format wf = DOL_WEIGHTS_AUTO;
     dol_backend_kind backend = DOL_BACKEND_AUTO;
     dol_activations act = DOL_ACT_AUTO;
+    dol_kv_dtype kvt = DOL_KV_AUTO;
     for (int i = 2; i < argc; i++) {
         const char *o = argv[i];
         if (!strcmp(o, "--markdown")) { markdown = true; continue; }
@@ -695,6 +698,16 @@ int main(int argc, char **argv)
         else if (!strcmp(o, "--prompt")) { rc = parse_int(o, v, 1, 1 << 20, &prompts[0]); n_prompts = 1; }
         else if (!strcmp(o, "--prompts")) rc = parse_list(o, v, 1, 1 << 20, prompts, &n_prompts);
         else if (!strcmp(o, "--decode")) rc = parse_int(o, v, 1, 1 << 20, &decode);
+        else if (!strcmp(o, "--context")) rc = parse_int(o, v, 1, 1 << 20, &g_context);
+        else if (!strcmp(o, "--kv-cache-dtype")) {
+            if (!strcmp(v, "f32")) kvt = DOL_KV_F32;
+            else if (!strcmp(v, "f16")) kvt = DOL_KV_F16;
+            else if (!strcmp(v, "q8_0")) kvt = DOL_KV_Q8_0;
+            else {
+                fprintf(stderr, "bench_engine: --kv-cache-dtype: expected f32, f16 or q8_0, got '%s'\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(o, "--batches")) rc = parse_list(o, v, 1, MAX_BATCH, batches, &n_batches);
         else if (!strcmp(o, "--repeat")) rc = parse_int(o, v, 1, MAX_REPEAT, &repeat);
         else if (!strcmp(o, "--sweep")) rc = parse_range(o, v, &sweep_a, &sweep_b);
@@ -748,9 +761,9 @@ int main(int argc, char **argv)
     }
     const dol_model_config *c = &m->cfg;
     int ctx = c->max_position_embeddings;
-    if (SHORT_PROMPT + decode > ctx) {
+    if (g_context + decode > ctx) {
         fprintf(stderr, "bench_engine: --decode %d: %d + %d positions exceed the context (%d)\n",
-                decode, SHORT_PROMPT, decode, ctx);
+                decode, g_context, decode, ctx);
         return 2;
     }
 
@@ -763,17 +776,17 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_batches; i++)
         if (batches[i] > max_b) max_b = batches[i];
     const int bs = 16;
-    int64_t seq_tokens = (SHORT_PROMPT + decode + bs - 1) / bs * bs;
+    int64_t seq_tokens = (g_context + decode + bs - 1) / bs * bs;
     int64_t kv_tokens = (int64_t)max_b * seq_tokens;
     if ((int64_t)(max_prompt + bs - 1) / bs * bs > kv_tokens) kv_tokens = (int64_t)(max_prompt + bs - 1) / bs * bs;
     int max_tokens = max_prompt > max_b ? max_prompt : max_b;
-    if (max_tokens < SHORT_PROMPT) max_tokens = SHORT_PROMPT;
+    if (max_tokens < g_context) max_tokens = g_context;
     dol_engine_params ep = { .backend = backend, .gpu_memory_utilization = 0.90,
                              .n_threads = threads, .kv_block_size = bs,
                              .kv_cache_tokens = kv_tokens, .max_seqs = max_b + 1,
                              .max_batch_tokens = max_tokens, .context_len = 0,
                              .weights = wf, .quantize_lm_head = quantize_lm_head,
-                             .fast_prefill = fast_prefill, .activations = act };
+                             .fast_prefill = fast_prefill, .activations = act, .kv_dtype = kvt };
     double t0 = dol_now_ms();
     dol_engine *e = NULL;
     if (dol_engine_create(m, &ep, &e, err, sizeof err) != 0) {
@@ -806,13 +819,15 @@ int main(int argc, char **argv)
     if (!strcmp(be, "cpu"))
         snprintf(kernels, sizeof kernels, ", kernels %s, activations %s", dol_engine_cpu_kernels(),
                  dol_engine_activations(e));
+    char kvinfo[64];
+    snprintf(kvinfo, sizeof kvinfo, " | KV %s, decode after %d tokens", dol_engine_kv_dtype_name(e), g_context);
     char header[1024];
     snprintf(header, sizeof header,
              "%s | %s: %d layers, hidden %d, ffn %d, heads %d/%d kv, vocab %d, context %d | "
-             "weights %s (checkpoint %s) | backend %s%s, %d %s | %s",
+             "weights %s (checkpoint %s) | backend %s%s, %d %s%s | %s",
              date, m->name, c->n_layers, c->hidden_size, c->intermediate_size, c->n_heads,
              c->n_kv_heads, V, ctx, fmt, dol_dtype_name(m->layers[0].q.dtype), be, kernels,
-             threads, thr, cpu);
+             threads, thr, kvinfo, cpu);
     char detail[512];
     snprintf(detail, sizeof detail, "resident weights %.1f MiB, ready in %.0f ms",
              dol_engine_weight_bytes(e) / 1048576.0, t_ready);
@@ -848,7 +863,7 @@ int main(int argc, char **argv)
     const int lanes = cpu_backend ? fma_lanes(dol_engine_cpu_kernels()) : 0;
     double peak = fma_peak(threads, lanes);
 
-    int n_toks = max_prompt + SHORT_PROMPT + decode + max_b + 1;
+    int n_toks = max_prompt + g_context + decode + max_b + 1;
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)n_toks);
     float *logits = NULL; /* on a cache line, as the server's (scheduler.c) */
     if (posix_memalign((void **)&logits, 64, sizeof(float) * (size_t)V * (size_t)max_b) != 0) logits = NULL;

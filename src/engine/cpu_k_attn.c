@@ -59,7 +59,7 @@ AI void scores_1(const float *q, int hd, const char *kt, dol_kv_dtype kk, int bs
             for (int j0 = 0; j0 < hd; j0 += B) {
                 float a = 0.0f;
                 for (int i = j0; i < j0 + B; i++) a = fmaf(q[i], (float)k8[(size_t)i * bs + r], a);
-                acc = fmaf(a, dol_f16_to_f32(kd[(size_t)(j0 / B) * bs + r]), acc);
+                acc = fmaf(a, h2f(kd[(size_t)(j0 / B) * bs + r]), acc);
             }
             s[r] = acc;
         }
@@ -147,7 +147,7 @@ AI void values(const float *sc, int n, int hd, const void *v_base, dol_kv_dtype 
                 if (vk == DOL_KV_Q8_0) {
                     const uint16_t *d = (const uint16_t *)(vb + vd) + (size_t)r * nqb;
                     for (int j = 0; j < nv; j++) {
-                        const float w = sc[p] * dol_f16_to_f32(d[(i + j * DOL_SIMD) / B]);
+                        const float w = sc[p] * h2f(d[(i + j * DOL_SIMD) / B]);
                         o[j] = v_fma(v_set1(w), v_load_i8((const int8_t *)vb + vp + (size_t)j * DOL_SIMD), o[j]);
                     }
                 } else {
@@ -168,7 +168,7 @@ AI void values(const float *sc, int n, int hd, const void *v_base, dol_kv_dtype 
             const size_t vp = (size_t)(p % bs) * hd + (size_t)i;
             if (vk == DOL_KV_Q8_0) {
                 const uint16_t *d = (const uint16_t *)(vb + vd) + (size_t)(p % bs) * nqb;
-                o = fmaf(sc[p] * dol_f16_to_f32(d[i / B]), (float)((const int8_t *)vb)[vp], o);
+                o = fmaf(sc[p] * h2f(d[i / B]), (float)((const int8_t *)vb)[vp], o);
             } else {
                 o = fmaf(sc[p], load_w1(vb, el_of(vk), (int)vp), o);
             }

@@ -118,6 +118,17 @@ static inline float load_w1(const void *w, dol_dtype t, int k)
 
 static inline size_t w_size(dol_dtype t) { return t == DOL_DTYPE_F32 ? 4 : 2; }
 
+/* One F16 value as f32 (exact): the F16C instruction where the variant
+ * has it, else the portable conversion. */
+static inline float h2f(uint16_t h)
+{
+#ifdef DOL_SIMD
+    return _cvtsh_ss(h);
+#else
+    return dol_f16_to_f32(h);
+#endif
+}
+
 #ifdef DOL_SIMD
 /* DOL_SIMD weights from element i of W, whatever the dtype (t is a
  * compile-time constant in every tile, so the switch folds away). */
