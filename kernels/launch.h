@@ -95,7 +95,12 @@ static inline dol_cuda_launch_cfg dol_cuda_cfg_attn_combine(int head_dim)
  * int8 quants padded by one word ([BK][hd + 4] bytes) and their scales as
  * FP32, (hd / qb) | 1 a row (odd, so the lanes' scale reads fall in
  * distinct banks). */
-static inline size_t dol_cuda_prefill_half_smem(int head_dim, int q8)
+#if defined(__CUDACC__)
+#define DOL_LAUNCH_HD __host__ __device__ /* also laid out by the kernel itself */
+#else
+#define DOL_LAUNCH_HD
+#endif
+static inline DOL_LAUNCH_HD size_t dol_cuda_prefill_half_smem(int head_dim, int q8)
 {
     const size_t bk = DOL_CUDA_PREFILL_BK, hd = (size_t)head_dim;
     if (!q8) return bk * (hd + 2) * 2;
