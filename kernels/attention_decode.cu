@@ -9,16 +9,23 @@
  * kernel merges the splits: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
  * n_splits is fixed per engine, so the grid does not depend on sequence
  * lengths (CUDA graphs replay it); splits past a token's position exit at
- * once. All arithmetic in FP32 (expf), the output rounded to FP16. */
+ * once. All arithmetic in FP32 (expf), the output rounded to FP16.
+ * A Q8_0 half (template flags KQ, VQ) is read as stored and each value
+ * dequantized in registers as q * d; a token's result does not depend on
+ * what else is in the batch, whatever the halves' types. */
 #include "kernels/cuda_common.cuh"
 
-/* NP: pairs of dimensions per lane (head_dim <= 64 * NP). */
-template <int NP>
+/* CFG = DOL_CUDA_ATTN_VARIANT(NP, KQ, VQ) (kernels/launch.h): NP pairs of
+ * dimensions per lane (head_dim <= 64 * NP); KQ, VQ 1 when the K, V half is
+ * Q8_0, 0 when FP16. One template argument, so that the emulation's launch
+ * rewrite and the resource check see one name per instance. */
+template <int CFG>
 __global__ void __launch_bounds__(32)
 dol_attn_decode_kernel(float *part, const float *q, int q_ld, const int32_t *dec_rows,
                        const int32_t *pos, const int32_t *item, int n_heads, int group, int hd,
                        float scale, dol_cuda_kv kv, int n_splits, int split_len)
 {
+    constexpr int NP = CFG >> 2, KQ = (CFG >> 1) & 1, VQ = CFG & 1;
     __shared__ float qs[DOL_CUDA_MAX_HEAD_DIM];
     const int h = blockIdx.x, di = blockIdx.y, split = blockIdx.z, lane = threadIdx.x;
     const int t = dec_rows[di];
@@ -47,8 +54,15 @@ dol_attn_decode_kernel(float *part, const float *q, int q_ld, const int32_t *dec
     for (int base = p0; base < p1; base += 32) {
         const int n_valid = min(32, p1 - base); /* keys base .. base+n_valid-1, >= 1 */
         float s = -INFINITY;
-        if (lane < n_valid)
-            s = dol_dot_q_k(qs, dol_kv_pos(kv, table, base + lane, 0) + (size_t)kvh * hd, hd) * scale;
+        if (lane < n_valid) {
+            if (KQ) {
+                const __half *sc;
+                const int8_t *k = dol_kv_q8_pos(kv, table, base + lane, 0, &sc);
+                s = dol_dot_q_k8(qs, k + (size_t)kvh * hd, sc + (size_t)kvh * (hd / kv.g.qb), hd, kv.g.qb) * scale;
+            } else {
+                s = dol_dot_q_k(qs, dol_kv_pos(kv, table, base + lane, 0) + (size_t)kvh * hd, hd) * scale;
+            }
+        }
         const float m_new = fmaxf(m, dol_warp_max(s)); /* finite: one key at least */
         const float corr = expf(m - m_new);            /* 0 on the first step (m = -inf) */
         const float p = lane < n_valid ? expf(s - m_new) : 0.0f;
@@ -57,15 +71,32 @@ dol_attn_decode_kernel(float *part, const float *q, int q_ld, const int32_t *dec
         for (int c = 0; c < 2 * NP; c++) acc[c] *= corr;
         for (int j = 0; j < n_valid; j++) {
             const float pj = __shfl_sync(DOL_FULL_MASK, p, j);
-            const __half2 *vr =
-                reinterpret_cast<const __half2 *>(dol_kv_pos(kv, table, base + j, 1) + (size_t)kvh * hd);
+            if (VQ) {
+                const __half *sc;
+                const char2 *vr = reinterpret_cast<const char2 *>(dol_kv_q8_pos(kv, table, base + j, 1, &sc) +
+                                                                  (size_t)kvh * hd);
+                sc += (size_t)kvh * (hd / kv.g.qb);
 #pragma unroll
-            for (int c = 0; c < NP; c++) {
-                const int pi = lane + 32 * c;
-                if (pi < n_pairs) {
-                    const float2 v = __half22float2(vr[pi]);
-                    acc[2 * c] += pj * v.x;
-                    acc[2 * c + 1] += pj * v.y;
+                for (int c = 0; c < NP; c++) {
+                    const int pi = lane + 32 * c;
+                    if (pi < n_pairs) {
+                        const char2 v = vr[pi];
+                        const float d = __half2float(sc[2 * pi / kv.g.qb]);
+                        acc[2 * c] += pj * ((float)v.x * d);
+                        acc[2 * c + 1] += pj * ((float)v.y * d);
+                    }
+                }
+            } else {
+                const __half2 *vr =
+                    reinterpret_cast<const __half2 *>(dol_kv_pos(kv, table, base + j, 1) + (size_t)kvh * hd);
+#pragma unroll
+                for (int c = 0; c < NP; c++) {
+                    const int pi = lane + 32 * c;
+                    if (pi < n_pairs) {
+                        const float2 v = __half22float2(vr[pi]);
+                        acc[2 * c] += pj * v.x;
+                        acc[2 * c + 1] += pj * v.y;
+                    }
                 }
             }
         }
@@ -113,6 +144,29 @@ __global__ void dol_attn_decode_combine_kernel(__half *o, int out_ld, const floa
     }
 }
 
+/* The decode kernel's arguments and launch shape, for launch_decode. */
+struct dol_decode_args {
+    float *part;
+    const float *q;
+    int q_ld;
+    const int32_t *dec_rows, *pos, *item;
+    int n_heads, group, hd;
+    float scale;
+    dol_cuda_kv kv;
+    int n_splits, split_len;
+    dim3 grid;
+    unsigned threads;
+    cudaStream_t stream;
+};
+
+template <int CFG>
+static void launch_decode(const dol_decode_args &a)
+{
+    dol_attn_decode_kernel<CFG><<<a.grid, a.threads, 0, a.stream>>>(a.part, a.q, a.q_ld, a.dec_rows, a.pos, a.item,
+                                                                   a.n_heads, a.group, a.hd, a.scale, a.kv,
+                                                                   a.n_splits, a.split_len);
+}
+
 extern "C" size_t dol_cuda_attention_decode_part_floats(int n_dec, int n_heads, int head_dim,
                                                         int n_splits)
 {
@@ -129,24 +183,25 @@ extern "C" cudaError_t dol_cuda_attention_decode(dol_f16 *out, int out_ld, const
     if (n_dec <= 0) return cudaSuccess;
     if (head_dim % 8 != 0 || head_dim > DOL_CUDA_MAX_HEAD_DIM || n_kv_heads <= 0 ||
         n_heads % n_kv_heads != 0 || n_dec > 65535 || n_splits < 1 || n_splits > 65535 ||
-        split_len < 1)
+        split_len < 1 || ((kv.g.q8[0] || kv.g.q8[1]) && (kv.g.qb <= 0 || head_dim % kv.g.qb != 0)))
         return cudaErrorInvalidValue;
     const dim3 grid((unsigned)n_heads, (unsigned)n_dec, (unsigned)n_splits);
     const int group = n_heads / n_kv_heads;
-    const unsigned threads = dol_cuda_cfg_attn_decode(head_dim).threads;
-    switch (dol_cuda_attn_pairs(head_dim)) {
-    case 1:
-        dol_attn_decode_kernel<1><<<grid, threads, 0, stream>>>(part, q, q_ld, dec_rows, pos, item, n_heads,
-                                                                group, head_dim, scale, kv, n_splits, split_len);
-        break;
-    case 2:
-        dol_attn_decode_kernel<2><<<grid, threads, 0, stream>>>(part, q, q_ld, dec_rows, pos, item, n_heads,
-                                                                group, head_dim, scale, kv, n_splits, split_len);
-        break;
+    const dol_decode_args a = { part, q, q_ld, dec_rows, pos, item, n_heads, group, head_dim, scale, kv,
+                                n_splits, split_len, grid, dol_cuda_cfg_attn_decode(head_dim).threads, stream };
+    const int v = DOL_CUDA_ATTN_VARIANT(dol_cuda_attn_pairs(head_dim), kv.g.q8[0], kv.g.q8[1]);
+    switch (v) { /* one instance per pair count and per type of each half */
+#define DOL_DECODE_CASE(NP)                                                                             \
+    case DOL_CUDA_ATTN_VARIANT(NP, 0, 0): launch_decode<DOL_CUDA_ATTN_VARIANT(NP, 0, 0)>(a); break;   \
+    case DOL_CUDA_ATTN_VARIANT(NP, 0, 1): launch_decode<DOL_CUDA_ATTN_VARIANT(NP, 0, 1)>(a); break;   \
+    case DOL_CUDA_ATTN_VARIANT(NP, 1, 0): launch_decode<DOL_CUDA_ATTN_VARIANT(NP, 1, 0)>(a); break;   \
+    case DOL_CUDA_ATTN_VARIANT(NP, 1, 1): launch_decode<DOL_CUDA_ATTN_VARIANT(NP, 1, 1)>(a); break;
+        DOL_DECODE_CASE(1)
+        DOL_DECODE_CASE(2)
+        DOL_DECODE_CASE(4)
+#undef DOL_DECODE_CASE
     default:
-        dol_attn_decode_kernel<4><<<grid, threads, 0, stream>>>(part, q, q_ld, dec_rows, pos, item, n_heads,
-                                                                group, head_dim, scale, kv, n_splits, split_len);
-        break;
+        return cudaErrorInvalidValue;
     }
     cudaError_t rc = cudaGetLastError();
     if (rc != cudaSuccess) return rc;

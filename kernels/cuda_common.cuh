@@ -107,22 +107,43 @@ __device__ __forceinline__ double dol_block_sum_d(double v)
 
 __device__ __forceinline__ __half dol_h(dol_f16 bits) { return __ushort_as_half(bits); }
 
-/* Row r of position block `block` (layer kv.layer, K when w == 0, V when
- * w == 1): kv_dim FP16 values. 64-bit offsets: pools exceed 2^32 values. */
-__device__ __forceinline__ const __half *dol_kv_row(const dol_cuda_kv &kv, int32_t block, int w,
-                                                    int r)
+/* The part of block `block` that holds half w (0 K, 1 V) of layer kv.layer
+ * (kernels/kv_layout.h). 64-bit offsets: pools exceed 2^32 bytes. */
+__device__ __forceinline__ const uint8_t *dol_kv_half(const dol_cuda_kv &kv, int32_t block, int w)
 {
-    const size_t off = (size_t)block * (size_t)kv.block_elems +
-                       ((size_t)(kv.layer * 2 + w) * (size_t)kv.block_size + (size_t)r) *
-                           (size_t)kv.kv_dim;
-    return reinterpret_cast<const __half *>(kv.pool) + off;
+    return kv.pool + (size_t)block * (size_t)kv.g.block_bytes + (size_t)kv.layer * (size_t)kv.g.layer_bytes +
+           (size_t)kv.g.half_off[w];
 }
 
-/* The row of position p of a sequence, through its block table. */
+/* Row r of an FP16 half: kv_dim FP16 values, 16-byte aligned. */
+__device__ __forceinline__ const __half *dol_kv_row(const dol_cuda_kv &kv, int32_t block, int w, int r)
+{
+    return reinterpret_cast<const __half *>(dol_kv_half(kv, block, w) + (size_t)r * (size_t)kv.kv_dim * 2);
+}
+
+/* The row of position p of a sequence, through its block table (FP16 half). */
 __device__ __forceinline__ const __half *dol_kv_pos(const dol_cuda_kv &kv, const int32_t *table,
                                                     int p, int w)
 {
     return dol_kv_row(kv, table[p / kv.block_size], w, p % kv.block_size);
+}
+
+/* Row r of a Q8_0 half: kv_dim int8 quants (8-byte aligned) and their
+ * kv_dim / qb F16 scales. */
+__device__ __forceinline__ const int8_t *dol_kv_q8_row(const dol_cuda_kv &kv, int32_t block, int w, int r,
+                                                       const __half **scales)
+{
+    const uint8_t *base = dol_kv_half(kv, block, w);
+    *scales = reinterpret_cast<const __half *>(base + (size_t)kv.g.scale_off[w]) +
+              (size_t)r * (size_t)(kv.kv_dim / kv.g.qb);
+    return reinterpret_cast<const int8_t *>(base + (size_t)r * (size_t)kv.kv_dim);
+}
+
+/* The Q8_0 row of position p of a sequence, through its block table. */
+__device__ __forceinline__ const int8_t *dol_kv_q8_pos(const dol_cuda_kv &kv, const int32_t *table, int p,
+                                                       int w, const __half **scales)
+{
+    return dol_kv_q8_row(kv, table[p / kv.block_size], w, p % kv.block_size, scales);
 }
 
 /* q . k for a query in FP32 (shared memory) and a key row of head_dim FP16
@@ -143,6 +164,27 @@ __device__ __forceinline__ float dol_dot_q_k(const float *q, const __half *k, in
             s += q[i + 2 * j] * f.x;
             s += q[i + 2 * j + 1] * f.y;
         }
+    }
+    return s;
+}
+
+/* q . k for a key row of head_dim Q8_0 quants k (8-byte aligned) with the
+ * scales sc of its head, qb values a scale (a multiple of 8): each value
+ * dequantized as q * d (exact in FP32), summed in order of increasing index
+ * as dol_dot_q_k does. */
+__device__ __forceinline__ float dol_dot_q_k8(const float *q, const int8_t *k, const __half *sc, int head_dim,
+                                              int qb)
+{
+    float s = 0.0f;
+    for (int i = 0; i < head_dim; i += 8) {
+        const float d = __half2float(sc[i / qb]);
+        union {
+            uint2 u;
+            int8_t c[8];
+        } raw;
+        raw.u = *reinterpret_cast<const uint2 *>(k + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) s += q[i + j] * ((float)raw.c[j] * d);
     }
     return s;
 }

@@ -10,11 +10,14 @@
  * row-major. "Token rows" index the T tokens of one forward call in item
  * order, as the engine flattens them (backend.h).
  *
- * The paged KV cache (dol_cuda_kv) is one device array of FP16 blocks; block
- * b holds, for every layer l and for K (w = 0) and V (w = 1), block_size rows
- * of kv_dim values:
- *   row(b, l, w, r) = pool + b*block_elems + ((l*2 + w)*block_size + r)*kv_dim
- * with block_elems = n_layers * 2 * block_size * kv_dim: whole token rows,
+ * The paged KV cache (dol_cuda_kv) is one device array of blocks; block b
+ * holds, for every layer l and for K (w = 0) and V (w = 1), block_size rows
+ * of kv_dim values, each half as FP16 or as Q8_0 (int8 quants plus one F16
+ * scale per dol_kv_q8_block(head_dim) values, include/dolphin/kv_q8.h); the
+ * byte layout is kernels/kv_layout.h. An FP16 part is
+ *   row(b, l, w, r) = pool + b*block_bytes + l*layer_bytes + half_off[w] + r*kv_dim*2
+ * and a Q8_0 part the same rows of kv_dim int8 quants (r*kv_dim) followed,
+ * at scale_off[w], by [block_size][kv_dim / qb] F16 scales: whole token rows,
  * unlike the CPU backend, which keeps each KV head's run of positions
  * together. Position p of the sequence of item i lives in
  * block tables[i*max_blocks + p / block_size], row p % block_size. */
@@ -36,10 +39,11 @@ typedef uint16_t dol_f16;
 /* DOL_CUDA_MAX_HEAD_DIM, DOL_CUDA_PREFILL_BQ and every kernel's launch
  * configuration */
 #include "kernels/launch.h"
+#include "kernels/kv_layout.h"
 
 typedef struct {
-    dol_f16 *pool;          /* device base of the block pool */
-    int64_t block_elems;    /* FP16 values per block (all layers, K and V) */
+    uint8_t *pool;          /* device base of the block pool */
+    dol_cuda_kv_geom g;     /* the byte layout of a block (kernels/kv_layout.h) */
     int layer;              /* layer addressed by this call */
     int block_size;         /* tokens per block */
     int kv_dim;             /* n_kv_heads * head_dim */
@@ -71,13 +75,15 @@ cudaError_t dol_cuda_rope(float *x, int ld, const int32_t *pos, int T, int n_hea
 
 /* Write the K and V rows of tokens t < T into the paged cache at layer
  * kv.layer: k = src + t*ld + k_off, v = src + t*ld + v_off (kv_dim FP32 each),
- * stored as FP16 at the position pos[t] of the sequence of item[t]. */
+ * stored at the position pos[t] of the sequence of item[t]: as FP16, or
+ * quantized to Q8_0 by dol_kv_q8_quantize (the same bytes as on the host). */
 cudaError_t dol_cuda_kv_write(dol_cuda_kv kv, const float *src, int ld, int k_off, int v_off,
                               const int32_t *pos, const int32_t *item, int T,
                               cudaStream_t stream);
 
 /* Copy the first `rows` rows of every layer's K and V from block src to
- * block dst (one strided device-to-device copy). */
+ * block dst, values and scales (strided device-to-device copies: one per
+ * FP16 half, two per Q8_0 half). */
 cudaError_t dol_cuda_kv_copy_block(const dol_cuda_kv *kv, int n_layers, int32_t src, int32_t dst,
                                    int rows, cudaStream_t stream);
 
@@ -89,7 +95,9 @@ cudaError_t dol_cuda_kv_copy_block(const dol_cuda_kv *kv, int n_layers, int32_t 
  * The positions are split into n_splits ranges of split_len (fixed per
  * engine, so the launch shape does not depend on the context length: CUDA
  * graphs can replay it); partial results go to `part`
- * (dol_cuda_attention_decode_part_floats) and a second kernel combines them. */
+ * (dol_cuda_attention_decode_part_floats) and a second kernel combines them.
+ * A Q8_0 half is read as stored and each value dequantized in registers
+ * (q * d, exact in FP32); FP32 accumulation whatever the halves' types. */
 size_t dol_cuda_attention_decode_part_floats(int n_dec, int n_heads, int head_dim, int n_splits);
 cudaError_t dol_cuda_attention_decode(dol_f16 *out, int out_ld, const float *q, int q_ld,
                                       const int32_t *dec_rows, int n_dec, const int32_t *pos,

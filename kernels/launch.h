@@ -52,6 +52,11 @@ static inline int dol_cuda_attn_pairs(int head_dim)
     return head_dim <= 64 ? 1 : head_dim <= 128 ? 2 : 4;
 }
 
+/* The template argument of the attention kernels: NP pairs of dimensions
+ * per lane (1, 2 or 4), KQ and VQ 1 when the K, V half of the cache is Q8_0
+ * and 0 when FP16. */
+#define DOL_CUDA_ATTN_VARIANT(np, kq, vq) ((np) * 4 + (kq) * 2 + (vq))
+
 /* dol_embedding_kernel, dol_blk_embedding_kernel: one block per token row. */
 static inline dol_cuda_launch_cfg dol_cuda_cfg_embedding(int d)
 {
@@ -71,7 +76,7 @@ static inline dol_cuda_launch_cfg dol_cuda_cfg_rope(void) { return dol_cuda_cfg_
 /* dol_kv_write_kernel: one block per token row. */
 static inline dol_cuda_launch_cfg dol_cuda_cfg_kv_write(void) { return dol_cuda_cfg_plain(128); }
 
-/* dol_attn_decode_kernel<NP>: one warp per (head, token, split). */
+/* dol_attn_decode_kernel<DOL_CUDA_ATTN_VARIANT(..)>: one warp per (head, token, split). */
 static inline dol_cuda_launch_cfg dol_cuda_cfg_attn_decode(int head_dim)
 {
     (void)head_dim;
@@ -85,15 +90,33 @@ static inline dol_cuda_launch_cfg dol_cuda_cfg_attn_combine(int head_dim)
     return dol_cuda_cfg_plain(128);
 }
 
-/* dol_attn_prefill_kernel<NP>: one warp per query of a tile; shared memory
- * holds the tile's queries in FP32 ([BQ][hd]) and one key tile of K and of V
- * in FP16, rows padded by one 32-bit word ([BK][hd + 2] each): 41,216 bytes
- * for head_dim 256, under the 48 KiB that needs no opt-in. */
-static inline dol_cuda_launch_cfg dol_cuda_cfg_attn_prefill(int head_dim)
+/* Bytes of one key tile of one half in the prefill kernel's shared memory:
+ * FP16 rows padded by one 32-bit word ([BK][hd + 2] halves); Q8_0 rows of
+ * int8 quants padded by one word ([BK][hd + 4] bytes) and their scales as
+ * FP32, (hd / qb) | 1 a row (odd, so the lanes' scale reads fall in
+ * distinct banks). */
+#if defined(__CUDACC__)
+#define DOL_LAUNCH_HD __host__ __device__ /* also laid out by the kernel itself */
+#else
+#define DOL_LAUNCH_HD
+#endif
+static inline DOL_LAUNCH_HD size_t dol_cuda_prefill_half_smem(int head_dim, int q8)
+{
+    const size_t bk = DOL_CUDA_PREFILL_BK, hd = (size_t)head_dim;
+    if (!q8) return bk * (hd + 2) * 2;
+    const size_t qb = head_dim < 32 ? hd : 32;
+    return bk * (hd + 4) + bk * ((hd / qb) | 1) * 4;
+}
+
+/* dol_attn_prefill_kernel<DOL_CUDA_ATTN_VARIANT(..)>: one warp per query of a
+ * tile; shared memory holds the tile's queries in FP32 ([BQ][hd]) and one key
+ * tile of K and of V (dol_cuda_prefill_half_smem): 41,216 bytes for head_dim
+ * 256 with FP16 halves (the most), under the 48 KiB that needs no opt-in. */
+static inline dol_cuda_launch_cfg dol_cuda_cfg_attn_prefill(int head_dim, int k_q8, int v_q8)
 {
     dol_cuda_launch_cfg c = dol_cuda_cfg_plain(DOL_CUDA_PREFILL_BQ * 32);
-    c.smem = (size_t)DOL_CUDA_PREFILL_BQ * (size_t)head_dim * 4 +
-             2 * (size_t)DOL_CUDA_PREFILL_BK * ((size_t)head_dim + 2) * 2;
+    c.smem = (size_t)DOL_CUDA_PREFILL_BQ * (size_t)head_dim * 4 + dol_cuda_prefill_half_smem(head_dim, k_q8) +
+             dol_cuda_prefill_half_smem(head_dim, v_q8);
     return c;
 }
 

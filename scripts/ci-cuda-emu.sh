@@ -2,7 +2,7 @@
 # scripts/ci-cuda-emu.sh — the CUDA backend tested on the CPU, under the
 # emulation of emu/ (DOLPHIN_CUDA=EMU, no GPU, no nvcc: the CUDA headers
 # only), built with ASan + UBSan into build-emu:
-#   1. ctest -L cuda (kernels, NF4 and int8 products, the quantized goldens,
+#   1. ctest -L cuda (kernels, the Q8_0 KV cache, NF4 and int8 products, the quantized goldens,
 #      the engine on the fixtures,
 #      the emulation's own checks);
 #   2. the same again with every block's threads in reverse order;
@@ -24,8 +24,8 @@ stamp() { echo "   ($(( SECONDS - t_start )) s so far)"; }
 
 echo "== build (CUDA emulation, ASan + UBSan, $B)"
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Debug -DDOLPHIN_SANITIZE=ON -DDOLPHIN_CUDA=EMU >/dev/null
-cmake --build "$B" -j"$JOBS" --target dolphind test_cuda_kernels test_cuda_nf4 test_cuda_q8 test_cuda_quant_golden \
-  test_cuda_engine test_cuda_emu test_cuda_placement test_cuda_gguf test_cuda_blocks
+cmake --build "$B" -j"$JOBS" --target dolphind test_cuda_kernels test_cuda_kvq8 test_cuda_nf4 test_cuda_q8 test_cuda_quant_golden \
+  test_cuda_engine test_cuda_kvq8_engine test_cuda_emu test_cuda_placement test_cuda_gguf test_cuda_blocks
 stamp
 
 echo "== CUDA tests under the emulation (ctest -L cuda, threads in forward order)"

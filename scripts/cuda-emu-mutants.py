@@ -53,6 +53,18 @@ MUTANTS = [
      "min(BK, qpos - kv0 + 1)",
      "min(BK, qpos - kv0 + 2)",
      ["test_cuda_kernels"], "forward"),
+    ("Q8_0 KV: decode reads the next block's scale", "kernels/attention_decode.cu",
+     "const float d = __half2float(sc[2 * pi / kv.g.qb]);",
+     "const float d = __half2float(sc[2 * pi / kv.g.qb + 1]);",
+     ["test_cuda_kvq8"], "forward"),
+    ("Q8_0 KV: the write puts a row's scales one slot late", "kernels/kv_cache.cu",
+     "reinterpret_cast<uint16_t *>(base + (size_t)kv.g.scale_off[w]) + (size_t)r * (size_t)nb;",
+     "reinterpret_cast<uint16_t *>(base + (size_t)kv.g.scale_off[w]) + (size_t)r * (size_t)nb + 1;",
+     ["test_cuda_kvq8"], "forward"),
+    ("Q8_0 KV: prefill quants truncated toward zero to even", "kernels/attention_prefill.cu",
+     "return make_float2((float)r[2 * c] * d, (float)r[2 * c + 1] * d);",
+     "return make_float2((float)(r[2 * c] / 2 * 2) * d, (float)r[2 * c + 1] * d);",
+     ["test_cuda_kvq8"], "forward"),
     ("NF4 nibbles swapped", "kernels/nf4.cu",
      "const float wl = lut[byte & 15u], wh = lut[byte >> 4];",
      "const float wl = lut[byte >> 4], wh = lut[byte & 15u];",
@@ -83,7 +95,7 @@ MUTANTS = [
      ["test_cuda_engine"], "forward"),
 ]
 
-TESTS = ["test_cuda_kernels", "test_cuda_nf4", "test_cuda_engine", "test_cuda_blocks", "test_cuda_gguf"]
+TESTS = ["test_cuda_kernels", "test_cuda_kvq8", "test_cuda_nf4", "test_cuda_engine", "test_cuda_blocks", "test_cuda_gguf"]
 
 
 def sh(cmd, **kw):

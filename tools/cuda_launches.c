@@ -9,7 +9,7 @@
  * Prints one line per kernel instance, tab-separated:
  *   kernel  threads  dynamic_smem  smem_optin
  * with `kernel` spelt as c++filt prints the compiled entry's name, less its
- * parameter list (dol_attn_prefill_kernel<2>, dol_rope_kernel). */
+ * parameter list (dol_attn_prefill_kernel<9>, dol_rope_kernel). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -62,9 +62,13 @@ int main(int argc, char **argv)
     put("dol_rmsnorm_residual_kernel", 0, dol_cuda_cfg_rmsnorm(d));
     put("dol_rope_kernel", 0, dol_cuda_cfg_rope());
     put("dol_kv_write_kernel", 0, dol_cuda_cfg_kv_write());
-    put("dol_attn_decode_kernel", np, dol_cuda_cfg_attn_decode(hd));
+    /* the attention kernels: one instance per type of each KV half (FP16, Q8_0) */
+    for (int kq = 0; kq < 2; kq++)
+        for (int vq = 0; vq < 2; vq++) {
+            put("dol_attn_decode_kernel", DOL_CUDA_ATTN_VARIANT(np, kq, vq), dol_cuda_cfg_attn_decode(hd));
+            put("dol_attn_prefill_kernel", DOL_CUDA_ATTN_VARIANT(np, kq, vq), dol_cuda_cfg_attn_prefill(hd, kq, vq));
+        }
     put("dol_attn_decode_combine_kernel", 0, dol_cuda_cfg_attn_combine(hd));
-    put("dol_attn_prefill_kernel", np, dol_cuda_cfg_attn_prefill(hd));
     put("dol_silu_mul_kernel", 0, dol_cuda_cfg_silu_mul());
     put("dol_argmax_kernel", 0, dol_cuda_cfg_sampling());
     put("dol_logsumexp_kernel", 0, dol_cuda_cfg_sampling());

@@ -208,7 +208,7 @@ for n in "${names[@]}"; do cat "$WORK/$n.log" >> "$LOG2"; done
 LOG3="$L/3-sanitizer.log"
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
 for tool in memcheck racecheck synccheck; do
-  for t in test_cuda_kernels test_cuda_nf4; do
+  for t in test_cuda_kernels test_cuda_kvq8 test_cuda_nf4; do
     [ "$tool" != memcheck ] && [ "$t" = test_cuda_nf4 ] && continue
     if [ -z "$SAN" ] || [ "$MODE" = emu ]; then
       step_done "$tool $t" "n/a" 0 "no compute-sanitizer (a GPU-side tool)"

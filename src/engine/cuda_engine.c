@@ -20,7 +20,8 @@
  * tensors have different types is held part by part (docs/cuda.md). The
  * residual stream, Q, RoPE,
  * softmax and norms in FP32; the inputs of the products (normed activations,
- * attention output, SiLU·up) rounded to FP16; the KV cache in FP16.
+ * attention output, SiLU·up) rounded to FP16; the KV cache in FP16
+ * or Q8_0 per half (kv_cache_dtype_k / _v; kernels/kv_layout.h).
  *
  * One step (T token rows): embedding -> per layer [RMSNorm(+residual) ->
  * fused QKV product -> RoPE -> K/V into the blocks -> attention (decode
@@ -54,6 +55,7 @@ int dol_cuda_utilization(int *percent)
 #include <stdlib.h>
 #include <string.h>
 
+#include "dolphin/kv_q8.h"
 #include "dolphin/log.h"
 #include "engine/cpu_ops.h"
 #include "engine/nf4.h"
@@ -141,8 +143,9 @@ typedef struct {
     cu_linear lm_head;           /* FP16 and sharing embed when tied and not NF4 */
     float *final_norm;
     float *rope_cos, *rope_sin;  /* [ctx][hd/2] */
-    dol_f16 *kv_pool;
-    int64_t block_elems;
+    uint8_t *kv_pool;
+    dol_cuda_kv_geom kvg;        /* the byte layout of a KV block (kernels/kv_layout.h) */
+    dol_kv_dtype kv_dt[2];       /* the K and V halves: F16 or Q8_0 */
 
     /* workspaces for max_T rows */
     float *x, *dx, *qkv, *gu, *logits, *part;
@@ -687,7 +690,7 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
     CUDA_CHECK(cudaMallocHost((void **)&e->logits_h, (size_t)e->logit_chunk * e->V * sizeof(float)));
     memset(e->meta_h, 0, e->meta_n * sizeof(int32_t));
 
-    size_t kv_bytes = (size_t)e->n_blocks * (size_t)e->block_elems * sizeof(dol_f16);
+    size_t kv_bytes = (size_t)e->n_blocks * (size_t)e->kvg.block_bytes;
     if (dalloc(e, &e->kv_pool, kv_bytes, "the KV cache", err, errlen)) return -1;
     CUDA_CHECK(cudaMemsetAsync(e->kv_pool, 0, kv_bytes, e->stream));
 
@@ -860,7 +863,18 @@ static int cuda_setup(cuda_engine *e, const dol_model *m, const dol_engine_param
     if ((ctx + e->split_len - 1) / e->split_len > SPLITS_MAX)
         e->split_len = (int)align_up((size_t)((ctx + SPLITS_MAX - 1) / SPLITS_MAX), 32);
     e->n_splits = (ctx + e->split_len - 1) / e->split_len;
-    e->block_elems = (int64_t)e->c.n_layers * 2 * bs * e->kv_dim;
+    for (int w = 0; w < 2; w++) {
+        /* engine.c resolved both halves; F32 is not held here (kv_no_f32) */
+        e->kv_dt[w] = (w ? p->kv_dtype_v : p->kv_dtype_k) == DOL_KV_Q8_0 ? DOL_KV_Q8_0 : DOL_KV_F16;
+        if (e->kv_dt[w] == DOL_KV_Q8_0 && !dol_kv_q8_head_ok(c->head_dim)) {
+            dol_set_err(err, errlen, "%s: q8_0 holds heads of fewer than %d values or a multiple of %d; "
+                        "this model's head_dim is %d", w ? "kv_cache_dtype_v" : "kv_cache_dtype_k",
+                        DOL_KV_Q8_BLOCK, DOL_KV_Q8_BLOCK, c->head_dim);
+            return -1;
+        }
+    }
+    e->kvg = dol_cuda_kv_geom_of(e->c.n_layers, bs, e->kv_dim, e->hd, e->kv_dt[0] == DOL_KV_Q8_0,
+                                 e->kv_dt[1] == DOL_KV_Q8_0);
     if ((e->nf4 || e->nf4_head || e->q8 || e->q8_head || blk_most > 0) &&
         e->max_T > DOL_CUDA_NF4_GEMV_UPTO) {
         /* the dequantized tile: the largest quantized matrix, at most NF4_WS_ELEMS */
@@ -888,6 +902,13 @@ static size_t cuda_range_bytes(const dol_model *m, const dol_engine_params *p, i
         b = linear_weight_bytes(e, m) + workspace_bytes(e);
     free(e);
     return b;
+}
+
+/* The KV cache's types for the start-up line: "f16", "q8_0", or "k=..,v=..". */
+static const char *kv_dtype_label(const cuda_engine *e)
+{
+    const bool k8 = e->kv_dt[0] == DOL_KV_Q8_0, v8 = e->kv_dt[1] == DOL_KV_Q8_0;
+    return k8 && v8 ? "q8_0" : k8 ? "k=q8_0,v=f16" : v8 ? "k=f16,v=q8_0" : "f16";
 }
 
 static int cuda_create_range(const dol_model *m, const dol_engine_params *p, int ctx, int bs,
@@ -962,7 +983,7 @@ static int cuda_create_range(const dol_model *m, const dol_engine_params *p, int
     const double avail = frac * (double)total - in_use - (double)RESERVE_BYTES;
     e->weight_bytes = linear_weight_bytes(e, m);
     const double fixed = (double)e->weight_bytes + (double)workspace_bytes(e);
-    const size_t block_bytes = (size_t)e->block_elems * sizeof(dol_f16);
+    const size_t block_bytes = (size_t)e->kvg.block_bytes;
     if (fixed > avail) {
         dol_set_err(err, errlen,
                     "cuda: model %s does not fit: weights %.0f MiB + workspaces %.0f MiB need "
@@ -1004,13 +1025,13 @@ static int cuda_create_range(const dol_model *m, const dol_engine_params *p, int
     if (alloc_and_upload(e, m, err, errlen) != 0) goto fail;
     dol_log(DOL_LOG_INFO, "cuda_ready",
             "device=%d blocks=%d..%d weights=%s%s lm_head=%s weights_mib=%.0f workspace_mib=%.0f kv_blocks=%d "
-            "kv_mib=%.0f budget_mib=%.0f graphs=%d",
+            "kv_dtype=%s kv_bytes_per_token=%zu kv_mib=%.0f budget_mib=%.0f graphs=%d",
             e->dev, e->l0, e->l0 + e->c.n_layers - 1, e->nf4 ? "nf4" : e->q8 ? "int8" : "f16",
             e->blk ? "+gguf_blocks" : "",
             e->nf4_head ? "nf4" : e->q8_head ? "int8"
                         : e->lm_head.n_parts ? dol_dtype_name((dol_dtype)e->lm_head.part[0].blk.type) : "f16",
             MIB(e->weight_bytes),
-            MIB(workspace_bytes(e)), e->n_blocks,
+            MIB(workspace_bytes(e)), e->n_blocks, kv_dtype_label(e), block_bytes / (size_t)e->bs,
             MIB((double)e->n_blocks * block_bytes), MIB(frac * (double)total), e->graphs_on ? 1 : 0);
     *n_blocks = e->n_blocks;
     *out = e;
@@ -1053,10 +1074,11 @@ static size_t cuda_weight_bytes(void *impl) { return ((cuda_engine *)impl)->weig
 
 static void cuda_quant_stats(void *impl, dol_quant_stats *out) { *out = ((cuda_engine *)impl)->qs; }
 
+/* Exact: kernels/kv_layout.h rounds a block to a multiple of block_size bytes. */
 static size_t cuda_kv_bytes_per_token(void *impl)
 {
     cuda_engine *e = impl;
-    return (size_t)e->c.n_layers * 2 * (size_t)e->kv_dim * sizeof(dol_f16);
+    return (size_t)e->kvg.block_bytes / (size_t)e->bs;
 }
 
 /* The whole device as cudaMemGetInfo sees it (other processes included). */
@@ -1099,7 +1121,7 @@ static const void *cuda_hidden_dev(void *impl) { return ((cuda_engine *)impl)->x
 
 static dol_cuda_kv kv_view(const cuda_engine *e, int layer)
 {
-    dol_cuda_kv kv = { e->kv_pool, e->block_elems, layer, e->bs, e->kv_dim,
+    dol_cuda_kv kv = { e->kv_pool, e->kvg, layer, e->bs, e->kv_dim,
                        e->meta_d + e->off_tables, e->max_blocks };
     return kv;
 }

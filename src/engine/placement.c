@@ -21,10 +21,23 @@
 
 #ifdef DOLPHIN_HAVE_CUDA
 
-/* KV-cache bytes of one block of `layers` layers on a backend. */
-static size_t kv_block_bytes(const dol_model_config *c, int bs, int layers, int elem)
+#include "kernels/kv_layout.h"
+
+/* KV-cache bytes of one block of `layers` layers, each half of the type
+ * p resolved: a CUDA stage as kernels/kv_layout.h lays it out; a CPU stage
+ * per KV head, each half's run of bs positions rounded up to 16 bytes. */
+static size_t kv_block_bytes(const dol_model_config *c, const dol_engine_params *p, int bs, int layers,
+                             bool cuda)
 {
-    return (size_t)layers * 2 * (size_t)bs * (size_t)c->n_kv_heads * (size_t)c->head_dim * (size_t)elem;
+    if (cuda)
+        return (size_t)dol_cuda_kv_geom_of(layers, bs, c->n_kv_heads * c->head_dim, c->head_dim,
+                                           p->kv_dtype_k == DOL_KV_Q8_0, p->kv_dtype_v == DOL_KV_Q8_0)
+            .block_bytes;
+    size_t run = 0;
+    for (int w = 0; w < 2; w++)
+        run += (size_t)dol_cuda_kv_align((int64_t)bs * (int64_t)dol_kv_head_row_bytes(
+                                             w ? p->kv_dtype_v : p->kv_dtype_k, c->head_dim), 16);
+    return (size_t)layers * (size_t)c->n_kv_heads * run;
 }
 
 /* Device bytes of range r on device dev with n_kv KV blocks. */
@@ -32,7 +45,7 @@ static double range_need(const dol_model *m, const dol_engine_params *p, int ctx
                          const dol_layer_range *r, int64_t n_kv)
 {
     size_t fixed = dol_cuda_backend.range_bytes(m, p, ctx, bs, r, NULL, 0);
-    return (double)fixed + (double)n_kv * (double)kv_block_bytes(&m->cfg, bs, r->l1 - r->l0, 2);
+    return (double)fixed + (double)n_kv * (double)kv_block_bytes(&m->cfg, p, bs, r->l1 - r->l0, true);
 }
 
 /* Cut n blocks into counts proportional to weights w (largest remainder). */
@@ -256,10 +269,10 @@ int dol_placement_plan(const dol_model *m, const dol_engine_params *p, int ctx, 
             if (nl == 0) continue;
             if (s->cuda) {
                 double room = (double)s->avail - (double)dol_cuda_backend.range_bytes(m, p, ctx, bs, &s->r, NULL, 0);
-                int64_t fit = (int64_t)(room / (double)kv_block_bytes(c, bs, nl, 2));
+                int64_t fit = (int64_t)(room / (double)kv_block_bytes(c, p, bs, nl, true));
                 if (fit < blocks) blocks = fit;
             } else {
-                int64_t cap = (int64_t)(CPU_KV_CAP / kv_block_bytes(c, bs, nl, 4));
+                int64_t cap = (int64_t)(CPU_KV_CAP / kv_block_bytes(c, p, bs, nl, false));
                 if (cap < max_blocks) cap = max_blocks;
                 if (cap < blocks) blocks = cap;
             }
@@ -270,7 +283,7 @@ int dol_placement_plan(const dol_model *m, const dol_engine_params *p, int ctx, 
         dol_placement_stage *s = &pl->st[i];
         if (s->cuda) snprintf(s->name, sizeof s->name, "cuda:%d", s->r.device);
         else snprintf(s->name, sizeof s->name, "cpu");
-        s->kv_block_bytes = kv_block_bytes(c, bs, s->r.l1 - s->r.l0, s->cuda ? 2 : 4);
+        s->kv_block_bytes = kv_block_bytes(c, p, bs, s->r.l1 - s->r.l0, s->cuda);
     }
     return 0;
 }

@@ -222,7 +222,8 @@ static void test_kv_write_and_copy(void **state)
     int32_t *d_tab = dup_to_dev(tables, sizeof tables), *d_pos = dup_to_dev(pos, sizeof pos);
     int32_t *d_item = dup_to_dev(item, sizeof item);
     float *d_src = dup_to_dev(src, sizeof(float) * T * ld);
-    dol_cuda_kv kv = { d_pool, (int64_t)g.block_elems, layer, g.bs, g.kv_dim, d_tab, g.max_blocks };
+    dol_cuda_kv kv = { (uint8_t *)d_pool, dol_cuda_kv_geom_of(g.n_layers, g.bs, g.kv_dim, 16, 0, 0), layer, g.bs,
+                       g.kv_dim, d_tab, g.max_blocks };
     CK(dol_cuda_kv_write(kv, d_src, ld, k_off, v_off, d_pos, d_item, T, 0));
     dol_f16 *got = malloc(sizeof(dol_f16) * g.pool_elems);
     to_host(got, d_pool, sizeof(dol_f16) * g.pool_elems);
@@ -367,7 +368,8 @@ static void attn_case(const attn_shape *sh, const attn_item *items, int n_items,
     dol_f16 *out = malloc(sizeof(dol_f16) * (size_t)T * q_dim);
     for (size_t i = 0; i < (size_t)T * q_dim; i++) out[i] = 0x7e00; /* NaN: must be overwritten */
     dol_f16 *d_out = dup_to_dev(out, sizeof(dol_f16) * (size_t)T * q_dim);
-    dol_cuda_kv kv = { d_pool, (int64_t)g.block_elems, layer, g.bs, kv_dim, d_tab, max_blocks };
+    dol_cuda_kv kv = { (uint8_t *)d_pool, dol_cuda_kv_geom_of(n_layers, g.bs, kv_dim, sh->hd, 0, 0), layer, g.bs,
+                       kv_dim, d_tab, max_blocks };
     float scale = 1.0f / sqrtf((float)sh->hd);
     CK(dol_cuda_attention_decode(d_out, q_dim, d_q, q_ld, d_dec, n_dec, d_pos, d_item, sh->nh, sh->nkv, sh->hd,
                                  scale, kv, d_part, n_splits, split_len, 0));
