@@ -48,7 +48,7 @@ chmod +x "$B/dolphind-cuda"
 DOLPHIN_BIN="$PWD/$B/dolphind-cuda" ASAN_OPTIONS=detect_leaks=1 "$PWD/.venv/bin/python" -m pytest \
   tests/http/test_golden.py tests/http/test_api_streaming.py \
   "tests/http/test_memory.py::test_checkpoint_pages_released" \
-  "tests/http/test_scheduler.py::test_batch_invariance" -q -p no:cacheprovider
+  "tests/http/test_scheduler.py::test_batch_invariance" tests/http/test_kv_cache.py -q -p no:cacheprovider
 # GGUF files: the reference's ids up to the first margin below 5e-2 (FP16)
 DOLPHIN_GGUF_MARGIN=5e-2 DOLPHIN_BIN="$PWD/$B/dolphind-cuda" ASAN_OPTIONS=detect_leaks=1 \
   "$PWD/.venv/bin/python" -m pytest tests/http/test_gguf.py -q -p no:cacheprovider

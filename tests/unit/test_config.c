@@ -250,6 +250,8 @@ static void test_yaml_good(void **state)
         "memory_high_watermark: 1\n"
         "kv_cache_tokens: 100000\n"
         "kv_cache_bytes: 512MiB\n"
+        "kv_cache_dtype: q8_0\n"
+        "kv_cache_dtype_v: f16\n"
         "kv_block_size: 32\n"
         "prefill_chunk: 128\n"
         "api_keys:\n"
@@ -287,6 +289,11 @@ static void test_yaml_good(void **state)
     assert_true(c.memory_high_watermark == 1.0);
     assert_int_equal(c.kv_cache_tokens, 100000);
     assert_int_equal(c.kv_cache_bytes, 512LL << 20);
+    assert_int_equal(c.kv_cache_dtype, DOL_KV_Q8_0);
+    assert_int_equal(c.kv_cache_dtype_k, DOL_KV_AUTO);
+    assert_int_equal(c.kv_cache_dtype_v, DOL_KV_F16);
+    assert_int_equal(c.models[0].kv_cache_dtype, DOL_KV_Q8_0);   /* the implicit entry inherits */
+    assert_int_equal(c.models[0].kv_cache_dtype_v, DOL_KV_F16);
     assert_int_equal(c.kv_block_size, 32);
     assert_int_equal(c.prefill_chunk, 128);
     assert_int_equal(c.n_api_keys, 3);
