@@ -10,6 +10,7 @@
 #include "dolphin/kv_q8.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -123,6 +124,48 @@ AI void scores_m(const float *q, int hd, const char *const kt[4], dol_kv_dtype k
 
 /* ---- values -------------------------------------------------------------- */
 
+#ifdef DOL_SIMD
+/* Dimensions i .. i + nv*DOL_SIMD of out (values below). */
+AI void values_vecs(const float *sc, int n, int hd, int i, int nv, const void *v_base, dol_kv_dtype vk,
+                    const int32_t *table, int bs, size_t block_bytes, float inv, float *out)
+{
+    const int B = dol_kv_q8_block(hd), nqb = hd / B;
+    const size_t vd = (size_t)bs * hd; /* Q8_0: the scales follow the values */
+    vecf o[4] = { v_zero(), v_zero(), v_zero(), v_zero() };
+    /* Q8_0: the scale block of each vector, and whether it starts one (a
+     * vector never straddles two) */
+    int blk[4] = { 0, 0, 0, 0 };
+    bool starts[4] = { true, false, false, false };
+    for (int j = 0; j < nv; j++) {
+        blk[j] = (i + j * DOL_SIMD) / B;
+        starts[j] = j == 0 || (i + j * DOL_SIMD) % B == 0;
+    }
+    /* positions in ascending order, block by block (no division per
+     * position) */
+    for (int b0 = 0, p = 0; p < n; b0++) {
+        const char *vb = run_of(v_base, block_bytes, table[b0]);
+        const int r1 = n - p < bs ? n - p : bs;
+        for (int r = 0; r < r1; r++, p++) {
+            const size_t vp = (size_t)r * hd + (size_t)i;
+            if (vk == DOL_KV_Q8_0) {
+                /* w changes only where a vector starts a new block */
+                const uint16_t *d = (const uint16_t *)(vb + vd) + (size_t)r * nqb;
+                vecf w = v_zero();
+                for (int j = 0; j < nv; j++) {
+                    if (starts[j]) w = v_set1(sc[p] * h2f(d[blk[j]]));
+                    o[j] = v_fma(w, v_load_i8((const int8_t *)vb + vp + (size_t)j * DOL_SIMD), o[j]);
+                }
+            } else {
+                vecf e = v_set1(sc[p]);
+                for (int j = 0; j < nv; j++)
+                    o[j] = v_fma(e, v_load_w(vb, el_of(vk), vp + (size_t)j * DOL_SIMD), o[j]);
+            }
+        }
+    }
+    for (int j = 0; j < nv; j++) v_store(out + i + j * DOL_SIMD, v_mul(o[j], v_set1(inv)));
+}
+#endif
+
 /* out[i0 .. i0 + nv*DOL_SIMD) (vectors) or out[i0] (scalar, nv = 0) = sum
  * over p ascending of w_p * v_p[i] (one fused multiply-add per p), where
  * w_p = e_p for F32 / F16 values and e_p * d_p (the scale of the block
@@ -136,28 +179,9 @@ AI void values(const float *sc, int n, int hd, const void *v_base, dol_kv_dtype 
 #ifdef DOL_SIMD
     while (i + DOL_SIMD <= hd) {
         const int nv = (hd - i) / DOL_SIMD < 4 ? (hd - i) / DOL_SIMD : 4;
-        vecf o[4] = { v_zero(), v_zero(), v_zero(), v_zero() };
-        /* positions in ascending order, block by block (no division per
-         * position) */
-        for (int b0 = 0, p = 0; p < n; b0++) {
-            const char *vb = run_of(v_base, block_bytes, table[b0]);
-            const int r1 = n - p < bs ? n - p : bs;
-            for (int r = 0; r < r1; r++, p++) {
-                const size_t vp = (size_t)r * hd + (size_t)i;
-                if (vk == DOL_KV_Q8_0) {
-                    const uint16_t *d = (const uint16_t *)(vb + vd) + (size_t)r * nqb;
-                    for (int j = 0; j < nv; j++) {
-                        const float w = sc[p] * h2f(d[(i + j * DOL_SIMD) / B]);
-                        o[j] = v_fma(v_set1(w), v_load_i8((const int8_t *)vb + vp + (size_t)j * DOL_SIMD), o[j]);
-                    }
-                } else {
-                    vecf e = v_set1(sc[p]);
-                    for (int j = 0; j < nv; j++)
-                        o[j] = v_fma(e, v_load_w(vb, el_of(vk), vp + (size_t)j * DOL_SIMD), o[j]);
-                }
-            }
-        }
-        for (int j = 0; j < nv; j++) v_store(out + i + j * DOL_SIMD, v_mul(o[j], v_set1(inv)));
+        /* four vectors, the common case, with nv a constant: unrolled */
+        if (nv == 4) values_vecs(sc, n, hd, i, 4, v_base, vk, table, bs, block_bytes, inv, out);
+        else values_vecs(sc, n, hd, i, nv, v_base, vk, table, bs, block_bytes, inv, out);
         i += nv * DOL_SIMD;
     }
 #endif
@@ -200,11 +224,26 @@ AI void attn_head_t(const float *q, int hd, int n, const void *k_base, const voi
     /* softmax: scale, max, exp (exp_s / exp_v: the same bits), then the
      * sum in ascending p */
     float maxv = -INFINITY;
-    for (int p = 0; p < n; p++) {
+    int p = 0;
+#ifdef DOL_SIMD
+    /* the same products and the same maximum as the scalar loop (a maximum
+     * does not depend on the order it is taken in) */
+    vecf mv = v_set1(-INFINITY);
+    for (; p + DOL_SIMD <= n; p += DOL_SIMD) {
+        const vecf x = v_mul(v_load(sc + p), v_set1(scale));
+        v_store(sc + p, x);
+        mv = v_max(mv, x);
+    }
+    float lanes[DOL_SIMD];
+    v_store(lanes, mv);
+    for (int l = 0; l < DOL_SIMD; l++)
+        if (lanes[l] > maxv) maxv = lanes[l];
+#endif
+    for (; p < n; p++) {
         sc[p] *= scale;
         if (sc[p] > maxv) maxv = sc[p];
     }
-    int p = 0;
+    p = 0;
 #ifdef DOL_SIMD
     for (; p + DOL_SIMD <= n; p += DOL_SIMD) v_store(sc + p, exp_v(v_sub(v_load(sc + p), v_set1(maxv))));
 #endif

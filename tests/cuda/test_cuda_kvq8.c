@@ -208,13 +208,6 @@ static void test_write_and_copy(void **state)
 
 /* ---- attention ----------------------------------------------------------------------- */
 
-typedef struct {
-    int nh, nkv, hd, bs;
-} attn_shape;
-
-typedef struct {
-    int start, n; /* positions start .. start+n-1 of one sequence */
-} attn_item;
 
 /* Softmax over positions 0..p of scale * q.k, times V, in double over the
  * values the cache holds (host_value). */
@@ -254,11 +247,7 @@ static int attn_run(const attn_shape *sh, const attn_item *items, int n_items, i
     const int q_ld = q_dim + 2 * kv_dim;
     const int max_blocks = (ctx + sh->bs - 1) / sh->bs, n_blocks = n_items * max_blocks + 3;
     pool_geom g = pgeom(n_layers, sh->bs, kv_dim, sh->hd, kq, vq, n_blocks, max_blocks);
-    int32_t *perm = malloc(sizeof(int32_t) * n_blocks);
-    for (int i = 0; i < n_blocks; i++) perm[i] = i;
-    for (int i = n_blocks - 1; i > 0; i--) { int j = irand(i + 1); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
-    int32_t *tables = malloc(sizeof(int32_t) * (size_t)n_items * max_blocks);
-    for (int i = 0; i < n_items * max_blocks; i++) tables[i] = perm[i];
+    int32_t *tables = random_tables(n_blocks, n_items * max_blocks);
     uint8_t *pool = calloc(1, g.pool_bytes);
     float *row = malloc(sizeof(float) * kv_dim);
     for (int b = 0; b < n_blocks; b++)
@@ -268,45 +257,15 @@ static int attn_run(const attn_shape *sh, const attn_item *items, int n_items, i
                     for (int i = 0; i < kv_dim; i++) row[i] = urand(1.0f);
                     host_store(&g, pool, b, l, w, r, row);
                 }
-    int T = 0;
-    for (int i = 0; i < n_items; i++) T += items[i].n;
+    const int T = attn_tokens(items, n_items);
     float *q = malloc(sizeof(float) * (size_t)T * q_ld);
     for (size_t i = 0; i < (size_t)T * q_ld; i++) q[i] = urand(2.0f);
-    int32_t *pos = malloc(sizeof(int32_t) * T), *item = malloc(sizeof(int32_t) * T);
-    int32_t *dec = malloc(sizeof(int32_t) * T), *tiles = malloc(sizeof(int32_t) * 4 * (T + n_items));
-    int n_dec = 0, n_tiles = 0, t0 = 0;
-    for (int i = 0; i < n_items; i++) {
-        for (int k = 0; k < items[i].n; k++) { pos[t0 + k] = items[i].start + k; item[t0 + k] = i; }
-        if (items[i].n == 1) dec[n_dec++] = t0;
-        else
-            for (int q0 = 0; q0 < items[i].n; q0 += DOL_CUDA_PREFILL_BQ) {
-                int32_t *tl = tiles + 4 * n_tiles++;
-                tl[0] = i; tl[1] = t0 + q0;
-                tl[2] = items[i].n - q0 < DOL_CUDA_PREFILL_BQ ? items[i].n - q0 : DOL_CUDA_PREFILL_BQ;
-                tl[3] = items[i].start + q0;
-            }
-        t0 += items[i].n;
-    }
-    int split_len = 64;
-    if ((ctx + split_len - 1) / split_len > 64) split_len = ((ctx + 63) / 64 + 31) / 32 * 32;
-    const int n_splits = (ctx + split_len - 1) / split_len;
-
     uint8_t *d_pool = dup_to_dev(pool, g.pool_bytes);
     int32_t *d_tab = dup_to_dev(tables, sizeof(int32_t) * (size_t)n_items * max_blocks);
-    float *d_q = dup_to_dev(q, sizeof(float) * (size_t)T * q_ld);
-    int32_t *d_pos = dup_to_dev(pos, sizeof(int32_t) * T), *d_item = dup_to_dev(item, sizeof(int32_t) * T);
-    int32_t *d_dec = dup_to_dev(dec, sizeof(int32_t) * (n_dec ? n_dec : 1));
-    int32_t *d_tiles = dup_to_dev(tiles, sizeof(int32_t) * 4 * (n_tiles ? n_tiles : 1));
-    float *d_part = dmalloc(sizeof(float) * dol_cuda_attention_decode_part_floats(n_dec, sh->nh, sh->hd, n_splits));
-    dol_f16 *out = malloc(sizeof(dol_f16) * (size_t)T * q_dim);
-    for (size_t i = 0; i < (size_t)T * q_dim; i++) out[i] = 0x7e00; /* NaN: must be overwritten */
-    dol_f16 *d_out = dup_to_dev(out, sizeof(dol_f16) * (size_t)T * q_dim);
     dol_cuda_kv kv = { d_pool, g.g, layer, sh->bs, kv_dim, d_tab, max_blocks };
+    int32_t *pos, *item;
+    dol_f16 *out = attn_launch(sh, items, n_items, ctx, q, q_ld, kv, &pos, &item);
     const float scale = 1.0f / sqrtf((float)sh->hd);
-    CK(dol_cuda_attention_decode(d_out, q_dim, d_q, q_ld, d_dec, n_dec, d_pos, d_item, sh->nh, sh->nkv, sh->hd,
-                                 scale, kv, d_part, n_splits, split_len, 0));
-    CK(dol_cuda_attention_prefill(d_out, q_dim, d_q, q_ld, d_tiles, n_tiles, sh->nh, sh->nkv, sh->hd, scale, kv, 0));
-    to_host(out, d_out, sizeof(dol_f16) * (size_t)T * q_dim);
 
     double *ref = malloc(sizeof(double) * sh->hd), worst = 0;
     *res = malloc(sizeof(float) * (size_t)T * q_dim);
@@ -328,10 +287,8 @@ static int attn_run(const attn_shape *sh, const attn_item *items, int n_items, i
         }
     printf("attention k=%-4s v=%-4s nh=%d nkv=%d hd=%3d: largest |out - reference| %.3g\n", kq ? "q8_0" : "f16",
            vq ? "q8_0" : "f16", sh->nh, sh->nkv, sh->hd, worst);
-    cudaFree(d_pool); cudaFree(d_tab); cudaFree(d_q); cudaFree(d_pos); cudaFree(d_item);
-    cudaFree(d_dec); cudaFree(d_tiles); cudaFree(d_part); cudaFree(d_out);
-    free(perm); free(tables); free(pool); free(row); free(q); free(pos); free(item); free(dec); free(tiles);
-    free(out); free(ref);
+    cudaFree(d_pool); cudaFree(d_tab);
+    free(tables); free(pool); free(row); free(q); free(pos); free(item); free(out); free(ref);
     return T;
 }
 

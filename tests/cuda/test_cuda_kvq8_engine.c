@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "../fixtures.h"
+#include "../unit/test_fixtures.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -61,29 +61,13 @@ static dol_model *load(const char *rel)
     return m;
 }
 
-/* Greedy ids after the prompt (stops at BOS/EOS), each step's margin. */
+/* Greedy ids after the prompt (stops at BOS/EOS), each step's margin
+ * (test_greedy, without the first logits). */
 static int greedy(dol_engine *e, const int32_t *prompt, int np, int max_new, int32_t *out, double *margins)
 {
-    const int V = dol_engine_vocab_size(e);
-    float *logits = malloc(sizeof(float) * (size_t)V);
-    char err[DOL_ERR_LEN];
-    int seq = dol_engine_seq_new(e);
-    assert_true(seq >= 0);
-    assert_int_equal(dol_engine_seq_reserve(e, seq, np + max_new), 0);
-    dol_batch_item it = { seq, np, prompt, 0, 1, logits };
-    if (dol_engine_forward(e, &it, 1, err, sizeof err) != 0) fail_msg("%s", err);
-    int n = 0;
-    for (int step = 0; step < max_new; step++) {
-        const int32_t id = fixture_argmax(logits, V);
-        margins[step] = fixture_margin(logits, V);
-        if (id == 1 || id == 2) break;
-        out[n++] = id;
-        if (step + 1 == max_new) break;
-        dol_batch_item d = { seq, 1, &out[n - 1], np + n - 1, 1, logits };
-        if (dol_engine_forward(e, &d, 1, err, sizeof err) != 0) fail_msg("%s", err);
-    }
-    dol_engine_seq_free(e, seq);
-    free(logits);
+    float *first = malloc(sizeof(float) * (size_t)dol_engine_vocab_size(e));
+    const int n = test_greedy(e, prompt, np, max_new, out, margins, first);
+    free(first);
     return n;
 }
 
