@@ -47,8 +47,8 @@ MUTANTS = [
      "return dol_cuda_cfg_plain(2 * DOL_CUDA_QUANT_GEMV_THREADS);",
      "threads per block exceed __launch_bounds__(128)"),
     ("dynamic shared memory past 48 KiB, no attribute", "kernels/launch.h",
-     "2 * (size_t)DOL_CUDA_PREFILL_BK * ((size_t)head_dim + 2) * 2;",
-     "2 * (size_t)DOL_CUDA_PREFILL_BK * ((size_t)head_dim + 2) * 2 + 28 * 1024;",
+     "dol_cuda_prefill_half_smem(head_dim, v_q8);",
+     "dol_cuda_prefill_half_smem(head_dim, v_q8) + 28 * 1024;",
      "without cudaFuncSetAttribute"),
     ("spill in a GEMV (large local array)", "kernels/q8.cu",
      None, None,  # two edits inside dol_q8_gemv_kernel: see apply()
