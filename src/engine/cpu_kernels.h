@@ -114,7 +114,8 @@ typedef struct dol_cpu_kernels {
      * block b starts at k_base + b * block_bytes, its V run at v_base +
      * b * block_bytes (bytes). The K half is kt, the V half vt: F32, F16 or
      * Q8_0 (include/dolphin/kv_q8.h: B = dol_kv_q8_block(head_dim) values
-     * a block, never AUTO). Within a run, keys are dims-major, values
+     * a block, never AUTO; head_dim even, so the F16 scales are aligned).
+     * Within a run, keys are dims-major, values
      * rows-major:
      *   F32 / F16 K: element [i * bs + r] is dimension i of row r
      *   Q8_0 K:      int8 [i * bs + r], then F16 scales [j * bs + r] for

@@ -280,9 +280,6 @@ static void test_silu_mul(void **state)
 
 /* ---- attention -------------------------------------------------------------------- */
 
-typedef struct {
-    int nh, nkv, hd, bs;
-} attn_shape;
 
 
 /* Reference: for query row t (item it, position p, head h), the softmax over
@@ -323,11 +320,7 @@ static void attn_case(const attn_shape *sh, const attn_item *items, int n_items,
     int max_blocks = (ctx + sh->bs - 1) / sh->bs;
     kv_geom g = geom(n_layers, sh->bs, kv_dim, n_items * max_blocks + 3, max_blocks);
     /* block tables: a random permutation of the pool */
-    int32_t *perm = malloc(sizeof(int32_t) * g.n_blocks);
-    for (int i = 0; i < g.n_blocks; i++) perm[i] = i;
-    for (int i = g.n_blocks - 1; i > 0; i--) { int j = irand(i + 1); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
-    int32_t *tables = malloc(sizeof(int32_t) * (size_t)n_items * max_blocks);
-    for (int i = 0; i < n_items * max_blocks; i++) tables[i] = perm[i];
+    int32_t *tables = random_tables(g.n_blocks, n_items * max_blocks);
     dol_f16 *pool = malloc(sizeof(dol_f16) * g.pool_elems);
     for (size_t i = 0; i < g.pool_elems; i++) pool[i] = f2h(urand(1.0f));
 

@@ -591,8 +591,12 @@ static void test_elementwise(void **state)
 /* ---- attention over paged KV blocks ------------------------------------------ */
 
 /* Bytes of one run of bs rows of a half of type t (the layout of
- * attn_head in cpu_kernels.h; runs need no padding here). */
-static size_t run_bytes(dol_kv_dtype t, int hd, int bs) { return dol_kv_head_row_bytes(t, hd) * (size_t)bs; }
+ * attn_head in cpu_kernels.h), rounded up to 16 as the engine does, so
+ * that an F32 or F16 run after a Q8_0 one stays aligned. */
+static size_t run_bytes(dol_kv_dtype t, int hd, int bs)
+{
+    return (dol_kv_head_row_bytes(t, hd) * (size_t)bs + 15) & ~(size_t)15;
+}
 
 /* Row r of a run of type t filled from x[hd] (dims_major for K), exactly
  * as the engine stores it; the values attention then reads go back into
@@ -644,7 +648,9 @@ static void test_attn_head(void **state)
             for (int ni = 0; ni < COUNT(ns); ni++) {
                 const dol_kv_dtype kt = types[ki], vt = types[vti];
                 const int hd = hds[hi], bs = bss[bi], n = ns[ni];
-                if ((kt == DOL_KV_Q8_0 || vt == DOL_KV_Q8_0) && !dol_kv_q8_head_ok(hd)) continue;
+                /* Q8_0 needs a head it can hold, and an even one (its scales
+                 * follow head_dim x bs int8 values; RoPE heads are even) */
+                if ((kt == DOL_KV_Q8_0 || vt == DOL_KV_Q8_0) && (!dol_kv_q8_head_ok(hd) || hd % 2)) continue;
                 const int nb = (n + bs - 1) / bs, pool_blocks = nb + 3;
                 const size_t rk = run_bytes(kt, hd, bs), rv = run_bytes(vt, hd, bs);
                 const size_t block_bytes = (rk + rv + 11 * 4 + 15) & ~(size_t)15;
