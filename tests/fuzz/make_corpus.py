@@ -193,6 +193,8 @@ def config_seeds():
     w("null_values.yaml", "served_model_name: ~\nmodel:\n")
     w("two_docs.yaml", "port: 1\n---\nport: 2\n")
     w("bad_range.yaml", "port: 99999\nmax_batch_size: 0\n")
+    w("kv_cache.yaml", "kv_cache_dtype: q8_0\nkv_cache_dtype_v: f16\nmodels:\n"
+      "  - {name: a, path: /m/a, kv_cache_dtype_k: q8_0}\n  - {name: b, path: /m/b, kv_cache_dtype: q4}\n")
     w("bad_type.yaml", "max_batch_size: [1]\n")
     w("sequence.yaml", "- a\n- b\n")
     w("dashed_key.yaml", "max-batch-size: 4\n")
