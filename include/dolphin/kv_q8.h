@@ -27,6 +27,8 @@
 
 #include <stdint.h>
 
+#include "dolphin/f16.h"
+
 #if defined(__CUDACC__)
 #define DOL_KVQ_HD __host__ __device__ __forceinline__
 #elif defined(DOL_CUDA_EMU) /* the kernels as host C++ (emu/cuda_emu.h) */
@@ -52,46 +54,6 @@ DOL_KVQ_HD int dol_kv_q8_head_ok(int head_dim)
     return head_dim >= 1 && (head_dim < DOL_KV_Q8_BLOCK || head_dim % DOL_KV_Q8_BLOCK == 0);
 }
 
-/* F16 bits of a finite or infinite non-negative float, rounded to nearest
- * even (subnormals included, overflow to infinity): the scale's encoding. */
-DOL_KVQ_HD uint16_t dol_kv_q8_f16(float f)
-{
-    union { float f; uint32_t u; } v;
-    v.f = f;
-    const uint32_t ax = v.u & 0x7fffffffu;
-    if (ax >= 0x7f800000u) return ax == 0x7f800000u ? 0x7c00 : 0x7e00;
-    if (ax >= 0x477ff000u) return 0x7c00;             /* >= 65520: infinity */
-    if (ax < 0x38800000u) {                           /* subnormal F16 or 0 */
-        const uint32_t e = ax >> 23;
-        if (e < 102) return 0;
-        const uint32_t m = (ax & 0x7fffffu) | 0x800000u, sh = 126 - e;
-        uint32_t r = m >> sh;
-        const uint32_t rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
-        if (rem > half || (rem == half && (r & 1))) r++;
-        return (uint16_t)r;
-    }
-    const uint32_t r = ax - 0x38000000u;
-    uint32_t h = r >> 13;
-    const uint32_t rem = r & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++;
-    return (uint16_t)h;
-}
-
-/* The float value of F16 bits h (exact). */
-DOL_KVQ_HD float dol_kv_q8_f32(uint16_t h)
-{
-    const uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ffu;
-    union { float f; uint32_t u; } v;
-    if (e == 0) {
-        v.f = (float)m * (1.0f / 16777216.0f);        /* m * 2^-24, exact */
-        if (h & 0x8000) v.f = -v.f;
-        return v.f;
-    }
-    v.u = ((uint32_t)(h & 0x8000) << 16) | (e == 31 ? 0x7f800000u | (m << 13)
-                                                     : ((e + 112) << 23) | (m << 13));
-    return v.f;
-}
-
 /* Quantize one block of n values x[0], x[xs], ..., x[(n-1)*xs] (n <= 32)
  * into q[0], q[qs], ...: returns the F16 bits of its scale. The
  * definition at the top of this file. */
@@ -102,8 +64,8 @@ DOL_KVQ_HD uint16_t dol_kv_q8_quantize(const float *x, int xs, int n, int8_t *q,
         const float a = x[i * xs] < 0.0f ? -x[i * xs] : x[i * xs];
         if (a > amax) amax = a;
     }
-    const uint16_t dh = dol_kv_q8_f16(amax / 127.0f);
-    const float d = dol_kv_q8_f32(dh);
+    const uint16_t dh = dol_f16_bits(amax / 127.0f);
+    const float d = dol_f16_value(dh);
     for (int i = 0; i < n; i++) {
         float r = 0.0f;
         if (d > 0.0f) {

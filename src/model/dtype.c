@@ -3,6 +3,7 @@
  * engine uses, and the reference dequantization of the block types
  * (ggml_blocks.h). */
 #include "dolphin/model.h"
+#include "dolphin/f16.h"
 
 #include <string.h>
 
@@ -86,54 +87,9 @@ static float bits_f32(uint32_t u)
     return f;
 }
 
-float dol_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1f;
-    uint32_t mant = h & 0x3ff;
+float dol_f16_to_f32(uint16_t h) { return dol_f16_value(h); }
 
-    if (exp == 0) {
-        /* zero or subnormal: mant * 2^-24, exact in F32 */
-        float v = (float)mant * (1.0f / 16777216.0f);
-        return sign ? -v : v;
-    }
-    if (exp == 31) /* inf or nan (payload kept) */
-        return bits_f32(sign | 0x7f800000u | (mant << 13));
-    return bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
-}
-
-uint16_t dol_f32_to_f16(float f)
-{
-    uint32_t x = f32_bits(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    uint32_t ax = x & 0x7fffffffu;
-
-    if (ax >= 0x7f800000u) {
-        if (ax == 0x7f800000u) return sign | 0x7c00;           /* inf */
-        return sign | 0x7e00 | (uint16_t)((ax >> 13) & 0x3ff); /* quiet nan */
-    }
-    if (ax >= 0x477ff000u) /* >= 65520: rounds to inf */
-        return sign | 0x7c00;
-    if (ax < 0x38800000u) {
-        /* below the smallest normal F16 (2^-14): result is subnormal or 0.
-         * value = m * 2^(e-150); in units of 2^-24 that is m >> (126 - e). */
-        uint32_t e = ax >> 23;
-        if (e < 102) return sign;   /* < 2^-25: rounds to zero */
-        uint32_t m = (ax & 0x7fffff) | 0x800000;
-        uint32_t shift = 126 - e;   /* 14 .. 24 */
-        uint32_t r = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1);
-        uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (r & 1))) r++;
-        return sign | (uint16_t)r;  /* may carry into the smallest normal */
-    }
-    /* normal: rebias the exponent, round the mantissa to 10 bits */
-    uint32_t r = ax - 0x38000000u;
-    uint32_t h = r >> 13;
-    uint32_t rem = r & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
-    return sign | (uint16_t)h;
-}
+uint16_t dol_f32_to_f16(float f) { return dol_f16_bits(f); }
 
 float dol_bf16_to_f32(uint16_t h)
 {

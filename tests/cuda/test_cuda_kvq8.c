@@ -79,7 +79,7 @@ static double host_value(const pool_geom *p, uint8_t *pool, int32_t block, int l
     if (p->g.q8[w]) {
         const int8_t *q = (const int8_t *)(h + (size_t)r * p->kv_dim);
         const uint16_t *sc = (const uint16_t *)(h + p->g.scale_off[w]) + (size_t)r * (p->kv_dim / p->g.qb);
-        return (double)q[i] * (double)dol_kv_q8_f32(sc[i / p->g.qb]);
+        return (double)q[i] * (double)dol_f16_value(sc[i / p->g.qb]);
     }
     return dol_f16_to_f32(((const dol_f16 *)(h + (size_t)r * p->kv_dim * 2))[i]);
 }
