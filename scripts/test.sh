@@ -51,45 +51,49 @@ if [ "$quick" = 1 ]; then
   exit 0
 fi
 
-echo "== CUDA compile-time checks (scripts/ci-cuda-static.sh: resources and launch limits per architecture, clang-19, mutants)"
+# each stage's banner, with the minutes the suite has run so far (CI allows 90)
+t0=$SECONDS
+stage() { echo "== [$(( (SECONDS - t0) / 60 )) min] $*"; }
+
+stage "CUDA compile-time checks (scripts/ci-cuda-static.sh: resources and launch limits per architecture, clang-19, mutants)"
 bash scripts/ci-cuda-static.sh
 
-echo "== build (Release)"
+stage "build (Release)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)"
 
-echo "== build (ASan + UBSan)"
+stage "build (ASan + UBSan)"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDOLPHIN_SANITIZE=ON -DDOLPHIN_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$(nproc)"
 
-echo "== unit tests (ctest, ASan + UBSan)"
+stage "unit tests (ctest, ASan + UBSan)"
 ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -LE cuda
 
-echo "== unit tests (ctest, Release)"
+stage "unit tests (ctest, Release)"
 ctest --test-dir build --output-on-failure -LE cuda
 
 PY="$PWD/.venv/bin/python"
-echo "== HTTP tests, openai client, schemathesis (pytest against build-asan/dolphind)"
+stage "HTTP tests, openai client, schemathesis (pytest against build-asan/dolphind)"
 DOLPHIN_BIN="$PWD/build-asan/dolphind" "$PY" -m pytest tests/http -q -p no:cacheprovider
 
-echo "== fault tests: 3 x build/dolphind behind nginx (tests/cluster)"
+stage "fault tests: 3 x build/dolphind behind nginx (tests/cluster)"
 DOLPHIN_BIN="$PWD/build/dolphind" "$PY" -m pytest tests/cluster -q -s -p no:cacheprovider
-echo "== structured output in bulk (tests/http/test_structured_bulk.py against build/dolphind)"
+stage "structured output in bulk (tests/http/test_structured_bulk.py against build/dolphind)"
 DOLPHIN_STRUCTURED_BULK=1 DOLPHIN_BIN="$PWD/build/dolphind" "$PY" -m pytest \
   tests/http/test_structured_bulk.py -q -p no:cacheprovider
 
-echo "== fuzzing (libFuzzer + ASan/UBSan, scripts/fuzz.sh)"
+stage "fuzzing (libFuzzer + ASan/UBSan, scripts/fuzz.sh)"
 DOLPHIN_FUZZ_SECONDS="${DOLPHIN_FUZZ_SECONDS:-45}" bash scripts/fuzz.sh
 
-echo "== soak test (tests/soak/soak.py: build/dolphind, then build-asan/dolphind)"
+stage "soak test (tests/soak/soak.py: build/dolphind, then build-asan/dolphind)"
 "$PY" tests/soak/soak.py --bin "$PWD/build/dolphind" --requests 20000 --warmup 1000 \
   --max-rss-growth 3 --time-limit 600
 "$PY" tests/soak/soak.py --bin "$PWD/build-asan/dolphind" --no-rss-check
-echo "== soak test over three models, two loaded at most (tests/soak/soak.py --models)"
+stage "soak test over three models, two loaded at most (tests/soak/soak.py --models)"
 "$PY" tests/soak/soak.py --bin "$PWD/build/dolphind" --models --requests 300 --warmup 60 --concurrency 8 \
   --min-rss-growth-mib 4
-echo "== CUDA backend on the CPU (DOLPHIN_CUDA=EMU, ASan + UBSan: scripts/ci-cuda-emu.sh)"
+stage "CUDA backend on the CPU (DOLPHIN_CUDA=EMU, ASan + UBSan: scripts/ci-cuda-emu.sh)"
 bash scripts/ci-cuda-emu.sh
-echo "== GPU kit rehearsal (scripts/gpu-kit rehearse: the kit's run.sh against a Release build of the CUDA emulation, one injected failure)"
+stage "GPU kit rehearsal (scripts/gpu-kit rehearse: the kit's run.sh against a Release build of the CUDA emulation, one injected failure)"
 bash scripts/gpu-kit rehearse
-echo "== all tests passed"
+stage "all tests passed"
