@@ -66,8 +66,8 @@ stage "build (ASan + UBSan)"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDOLPHIN_SANITIZE=ON -DDOLPHIN_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$(nproc)"
 
-stage "unit tests (ctest, ASan + UBSan)"
-ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -LE cuda
+stage "unit tests (ctest, ASan + UBSan; over the GGUF files, one of each kernel: DOLPHIN_TEST_LIGHT)"
+ASAN_OPTIONS=detect_leaks=1 DOLPHIN_TEST_LIGHT=1 ctest --test-dir build-asan --output-on-failure -LE cuda -j"$(nproc)"
 
 stage "unit tests (ctest, Release)"
 ctest --test-dir build --output-on-failure -LE cuda

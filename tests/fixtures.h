@@ -7,10 +7,12 @@
 #define DOLPHIN_TESTS_FIXTURES_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cjson/cJSON.h>
 
@@ -23,6 +25,18 @@ static inline const char *fixture_shared_dir(void)
 
 /* The JSON file at `path` (as given), parsed; NULL when it cannot be read
  * or parsed. The caller frees it with cJSON_Delete. */
+/* DOLPHIN_TEST_LIGHT=1 (scripts/test.sh sets it for the sanitizer build's
+ * run, ten times slower): loops over the GGUF files take one of each kind
+ * of kernel (the float files, Q8_0, Q4_0, Q4_K_M); the Release run takes
+ * them all. `key` is the file's entry in its golden (F16, Q4_0, ...). */
+static inline bool fixture_gguf_wanted(const char *key)
+{
+    const char *light = getenv("DOLPHIN_TEST_LIGHT");
+    if (!light || strcmp(light, "1") != 0) return true;
+    return !strcmp(key, "F16") || !strcmp(key, "F32") || !strcmp(key, "Q8_0") || !strcmp(key, "Q4_0") ||
+           !strcmp(key, "Q4_K_M");
+}
+
 static inline cJSON *fixture_json_at(const char *path)
 {
     FILE *f = fopen(path, "rb");

@@ -136,6 +136,12 @@ typedef struct {
                                     memory after the weights (default 0.90) */
     int kv_block_size;           /* default 16 */
     int prefill_chunk;           /* default 512 tokens per sequence per step */
+    /* speculative decoding (docs/speculative.md); in YAML also as a mapping
+     * `speculative: {mode, max_draft, ngram, min_acceptance}` */
+    dol_spec_mode speculative_mode;      /* off | ngram (default off) */
+    int speculative_max_draft;           /* default 4 */
+    int speculative_ngram;               /* default 3 */
+    double speculative_min_acceptance;   /* default 0.3 */
     /* keys and priorities */
     dol_api_key api_keys[DOL_MAX_API_KEYS];
     int n_api_keys;              /* 0 = no authentication */

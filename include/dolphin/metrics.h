@@ -74,6 +74,7 @@ typedef struct {
     int context_len;         /* tokens of one full context */
     const char *kv_dtype_k, *kv_dtype_v; /* the KV cache halves' element types */
     uint64_t prefix_cache_query_tokens, prefix_cache_hit_tokens;
+    uint64_t spec_proposed, spec_accepted; /* speculative decoding's drafts */
     size_t device_memory_used, device_memory_total, weight_bytes;
     uint64_t steps;
     double heartbeat_age_s;
@@ -105,6 +106,7 @@ typedef struct {
     int context_len;         /* tokens of one full context */
     const char *kv_dtype_k, *kv_dtype_v; /* the KV cache halves' element types */
     uint64_t prefix_cache_query_tokens, prefix_cache_hit_tokens;
+    uint64_t spec_proposed, spec_accepted; /* speculative decoding's drafts */
     size_t device_memory_used, device_memory_total; /* bytes */
     /* every device holding part of the model (layer placement), in order;
      * like the gauges above, used only when n_models is 0 */

@@ -93,6 +93,9 @@ typedef struct {
  * dol_request_read, and ends it early with dol_request_cancel. */
 typedef struct dol_request dol_request;
 
+#define DOL_SPEC_MAX_DRAFT 16
+#define DOL_SPEC_MAX_NGRAM 8
+
 typedef struct {
     const int32_t *prompt_ids; /* copied (BOS included when the API added it) */
     int n_prompt;            /* >= 1 */
@@ -109,6 +112,9 @@ typedef struct {
      * those the grammar allows, EOS only once the value is complete (even
      * with ignore_eos). NULL = free text. The request takes a reference. */
     dol_grammar *grammar;
+    /* Speculative decoding (when the scheduler's spec_mode is on): true
+     * opts this request out. The output is the same either way. */
+    bool no_speculation;
     int priority;            /* higher is admitted first; FIFO within one */
     double timeout_ms;       /* queue wait + generation; 0 = none */
     const char *id;          /* request id (X-Request-Id) for logs; may be NULL */
@@ -156,6 +162,9 @@ typedef struct {
                                       logprob), else NULL; reader-owned */
     /* timings, the scheduler's clock (dol_now_ms); 0 = not yet */
     double t_arrival_ms, t_start_ms, t_first_token_ms, t_done_ms;
+    /* speculative decoding, all choices: draft tokens proposed, and those
+     * the model agreed with (each accepted token is one forward step saved) */
+    int64_t spec_proposed, spec_accepted;
 } dol_request_state;
 
 /* Bring out[0..n) (one per choice, zeroed before the first read) and *st up
@@ -170,6 +179,9 @@ void dol_request_state_free(dol_request_state *st);
 
 typedef enum { DOL_BATCH_CONTINUOUS = 0, DOL_BATCH_STATIC = 1 } dol_batch_mode;
 
+/* Speculative decoding's proposer (docs/speculative.md). */
+typedef enum { DOL_SPEC_OFF = 0, DOL_SPEC_NGRAM = 1 } dol_spec_mode;
+
 /* Every field is required (the defaults are the configuration's: src/config,
  * docs/configuration.md); dol_scheduler_create refuses a value out of range. */
 typedef struct {
@@ -179,6 +191,18 @@ typedef struct {
     int max_queue;               /* waiting requests before QUEUE_FULL, >= 1 */
     double memory_high_watermark;/* fraction of the KV pool, (0, 1] */
     int prefill_chunk;           /* max prompt tokens of one sequence per step, >= 1 */
+    /* Speculative decoding (docs/speculative.md). NGRAM: a decoding
+     * sequence proposes up to spec_max_draft (1..DOL_SPEC_MAX_DRAFT) tokens
+     * by looking its last spec_ngram (1..DOL_SPEC_MAX_NGRAM, then shorter)
+     * tokens up in its own prompt and output; one forward pass verifies
+     * them. A sequence whose proposals are accepted less than
+     * spec_min_acceptance ([0, 1]) of the time pauses proposing, longer
+     * after each failing round. Only while at most half of max_batch_size
+     * sequences decode. OFF (0, the zero value): none. */
+    dol_spec_mode spec_mode;
+    int spec_max_draft;
+    int spec_ngram;
+    double spec_min_acceptance;
     /* For tests. clock_ms: the clock of arrivals, the batch window and
      * timeouts, in ms (NULL = dol_now_ms). manual: no thread of its own;
      * the caller drives the loop with dol_scheduler_tick. */
@@ -240,6 +264,9 @@ typedef struct {
     uint64_t prefix_cache_query_tokens; /* prompt tokens looked up in the
                                            prefix cache, and those found */
     uint64_t prefix_cache_hit_tokens;
+    /* speculative decoding totals: draft tokens proposed, and accepted */
+    uint64_t spec_proposed, spec_accepted;
+    dol_spec_mode spec_mode;  /* static */
     double last_step_ms;     /* dol_now_ms() at the last loop iteration */
     bool idle;               /* nothing queued or running */
     bool draining;

@@ -187,6 +187,8 @@ typedef struct {
                                 logprobs true -> top_logprobs, default 0) */
     bool echo;
     bool ignore_eos;
+    bool no_speculation;     /* "speculative": false (default true: the
+                                server's setting applies) */
     bool return_token_ids;   /* vLLM's extension: token ids in the response */
     dol_grammar *grammar;    /* response_format json_object / json_schema (a
                                 reference, released by ..._params_free); NULL = text */

@@ -482,6 +482,16 @@ static int f_ignore_eos(const cJSON *v, const dol_api_limits *lim,
     return get_bool(v, "ignore_eos", &p->ignore_eos, e);
 }
 
+static int f_speculative(const cJSON *v, const dol_api_limits *lim,
+                         dol_completion_params *p, dol_api_error *e)
+{
+    (void)lim;
+    bool on;
+    if (get_bool(v, "speculative", &on, e) != 0) return -1;
+    p->no_speculation = !on;
+    return 0;
+}
+
 static int f_user(const cJSON *v, const dol_api_limits *lim,
                   dol_completion_params *p, dol_api_error *e)
 {
@@ -721,6 +731,7 @@ static const struct {
     {"top_logprobs", CHAT, f_top_logprobs},
     {"echo", CMPL, f_echo},
     {"ignore_eos", BOTH, f_ignore_eos},
+    {"speculative", BOTH, f_speculative},
     {"user", BOTH, f_user},
     {"return_token_ids", BOTH, f_return_token_ids},
     {"tools", CHAT, f_tools},

@@ -215,6 +215,19 @@ static const field FIELDS[] = {
               "products run in BF16x3 on AMX (faster, not the same bits)" },
     { .name = "prefill_chunk", .type = F_INT, AT(prefill_chunk), .min = 1, .max = NONE,
       .def = "512", .metavar = "N", .help = "most prompt tokens per sequence per step" },
+    { .name = "speculative_mode", .type = F_ENUM, AT(speculative_mode), .choices = CHOICES("off", "ngram"),
+      .def = "off", .help = "speculative decoding: ngram = propose the tokens that followed the last "
+                            "few tokens earlier in the prompt or output, verify them in one step "
+                            "(the output is unchanged; YAML: speculative: {mode: ngram, ...})" },
+    { .name = "speculative_max_draft", .type = F_INT, AT(speculative_max_draft), .min = 1,
+      .max = DOL_SPEC_MAX_DRAFT, .def = "4", .metavar = "K", .help = "most tokens proposed per step" },
+    { .name = "speculative_ngram", .type = F_INT, AT(speculative_ngram), .min = 1,
+      .max = DOL_SPEC_MAX_NGRAM, .def = "3", .metavar = "N",
+      .help = "n-gram lookup: the longest suffix looked up (then shorter ones)" },
+    { .name = "speculative_min_acceptance", .type = F_DOUBLE, AT(speculative_min_acceptance), .min = 0,
+      .max = 1, .def = "0.3", .metavar = "R",
+      .help = "a sequence whose proposals are accepted less often pauses proposing "
+              "(longer after each failing round)" },
     /* keys and priorities */
     { .name = "api_keys", .flag = "api-key", .type = F_KEYS, .min = 0, .max = NONE,
       .def = "", .metavar = "KEY[:PRIO]",
@@ -1005,6 +1018,42 @@ static int finalize_models(dol_config *c, char *err, size_t errlen)
 }
 
 /* Apply the root mapping of doc to c. */
+/* `group: {key: value, ...}` sets the scalar fields group_key. */
+static int apply_group(dol_config *c, yaml_document_t *doc, yaml_node_t *map, const char *group,
+                       const char *path, size_t *seen, char *err, size_t errlen)
+{
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(doc, p->value);
+        char full[128];
+        const char *sub = k->type == YAML_SCALAR_NODE && !has_nul(k) ? (const char *)k->data.scalar.value : "?";
+        snprintf(full, sizeof full, "%s_%s", group, sub);
+        const field *f = k->type == YAML_SCALAR_NODE && !has_nul(k) ? find_by_key(full) : NULL;
+        if (!f) {
+            dol_set_err(err, errlen, "%s:%zu: field %s.%s: unknown key", path, line_of(k), group, sub);
+            return -1;
+        }
+        const size_t fi = (size_t)(f - FIELDS);
+        if (seen[fi]) {
+            dol_set_err(err, errlen, "%s:%zu: field %s.%s: set twice (first at line %zu)", path, line_of(k),
+                        group, sub, seen[fi]);
+            return -1;
+        }
+        seen[fi] = line_of(k);
+        if (v->type != YAML_SCALAR_NODE || has_nul(v) || is_null(v)) {
+            dol_set_err(err, errlen, "%s:%zu: field %s.%s: expected a single value, got %s", path, line_of(v),
+                        group, sub, is_null(v) ? "nothing" : has_nul(v) ? "a NUL byte" : node_kind(v));
+            return -1;
+        }
+        char prob[DOL_ERR_LEN];
+        if (set_field(c, f, (const char *)v->data.scalar.value, prob, sizeof prob) < 0) {
+            dol_set_err(err, errlen, "%s:%zu: field %s.%s: %s", path, line_of(v), group, sub, prob);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int apply_document(dol_config *c, yaml_document_t *doc, const char *path,
                           char *err, size_t errlen)
 {
@@ -1032,6 +1081,11 @@ static int apply_document(dol_config *c, yaml_document_t *doc, const char *path,
             return -1;
         }
         const field *f = find_by_key(name);
+        if (!f && v->type == YAML_MAPPING_NODE && strcmp(name, "speculative") == 0) {
+            /* the speculative_* keys as one mapping */
+            if (apply_group(c, doc, v, name, path, seen, err, errlen) < 0) return -1;
+            continue;
+        }
         if (!f) {
             /* A dashed spelling (max-batch-size) is a common slip: say so. */
             char alt[64];

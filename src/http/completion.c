@@ -129,7 +129,7 @@ int dol_http_cmpl_add(dol_http_req *c, const dol_http_attached *a,
         .seed = (p->has_seed ? p->seed : dol_http_random_u64()) + (uint64_t)index * (uint64_t)p->n,
         .n_stop = p->n_stop, .logprobs = p->logprobs,
         .echo_logprobs = c->cmpl->echo && p->logprobs >= 0, .ignore_eos = p->ignore_eos,
-        .grammar = p->grammar,
+        .grammar = p->grammar, .no_speculation = p->no_speculation,
         .priority = request_priority(c),
         .timeout_ms = timeout_ms,
         .id = c->id, .on_event = dol_http_on_event, .user = (void *)(uintptr_t)c->handle,
@@ -160,7 +160,8 @@ enum MHD_Result dol_http_cmpl_submit(dol_http_req *c)
 }
 
 void dol_http_cmpl_cleanup(dol_http_req *c, int *prompt_tokens, int *completion_tokens,
-                                  double *queue_ms, double *ttft_ms)
+                                  double *queue_ms, double *ttft_ms, int64_t *spec_proposed,
+                                  int64_t *spec_accepted)
 {
     if (!c->cmpl) return;
     dol_http_cmpl_sync(c);   /* the final figures; on OOM, those of the last read */
@@ -175,6 +176,8 @@ void dol_http_cmpl_cleanup(dol_http_req *c, int *prompt_tokens, int *completion_
             dol_request_prompt(r, &n_prompt);
             *prompt_tokens += n_prompt;
             for (int i = 0; i < c->cmpl->n; i++) *completion_tokens += c->cmpl->outs[p * c->cmpl->n + i].n_ids;
+            *spec_proposed += st->spec_proposed;
+            *spec_accepted += st->spec_accepted;
             if (p == 0) {
                 if (st->t_start_ms > 0 && st->t_arrival_ms > 0)
                     *queue_ms = st->t_start_ms - st->t_arrival_ms;

@@ -276,7 +276,8 @@ int dol_http_cmpl_sync(dol_http_req *c);
 /* Release c->cmpl (cancels unfinished work) and report its figures; a no-op
  * for a request of another route. */
 void dol_http_cmpl_cleanup(dol_http_req *c, int *prompt_tokens, int *completion_tokens,
-                           double *queue_ms, double *ttft_ms);
+                           double *queue_ms, double *ttft_ms, int64_t *spec_proposed,
+                           int64_t *spec_accepted);
 
 /* ---- readiness (readiness.c) -------------------------------------------- */
 

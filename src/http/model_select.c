@@ -60,6 +60,8 @@ static void stats_add(dol_scheduler_stats *a, const dol_scheduler_stats *b, bool
     a->tokens_generated += b->tokens_generated;
     a->prefix_cache_query_tokens += b->prefix_cache_query_tokens;
     a->prefix_cache_hit_tokens += b->prefix_cache_hit_tokens;
+    a->spec_proposed += b->spec_proposed;
+    a->spec_accepted += b->spec_accepted;
     if (b->last_step_ms < a->last_step_ms) a->last_step_ms = b->last_step_ms;
     if (!b->idle && (a->idle || b->last_progress_ms < a->last_progress_ms))
         a->last_progress_ms = b->last_progress_ms;

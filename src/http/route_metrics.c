@@ -58,6 +58,7 @@ enum MHD_Result dol_http_metrics(dol_http_req *c)
             .kv_dtype_k = st->kv_dtype_k, .kv_dtype_v = st->kv_dtype_v,
             .prefix_cache_query_tokens = st->prefix_cache_query_tokens,
             .prefix_cache_hit_tokens = st->prefix_cache_hit_tokens,
+            .spec_proposed = st->spec_proposed, .spec_accepted = st->spec_accepted,
             .device_memory_used = st->mem_used_bytes, .device_memory_total = st->mem_total_bytes,
             .weight_bytes = st->weight_bytes, .steps = st->steps,
             .heartbeat_age_s = st->idle ? 0 : dol_http_age_ms(st->last_progress_ms, dol_now_ms()) / 1000.0,
@@ -98,6 +99,8 @@ enum MHD_Result dol_http_metrics(dol_http_req *c)
     g.kv_dtype_v = rd.have_sched ? rd.st.kv_dtype_v : NULL;
     g.prefix_cache_query_tokens = rd.st.prefix_cache_query_tokens;
     g.prefix_cache_hit_tokens = rd.st.prefix_cache_hit_tokens;
+    g.spec_proposed = rd.st.spec_proposed;
+    g.spec_accepted = rd.st.spec_accepted;
     g.device_memory_used = rd.st.mem_used_bytes;
     g.device_memory_total = rd.st.mem_total_bytes;
     for (int i = 0; i < rd.st.n_devices && g.n_devices < DOL_METRICS_MAX_DEVICES; i++, g.n_devices++) {

@@ -386,7 +386,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     double queue_ms = 0, ttft_ms = 0;
     /* sequences that reached the scheduler (0: none did) */
     int n_seqs = c->cmpl && c->cmpl->n_submitted > 0 ? c->cmpl->n_reqs * c->cmpl->n : 0;
-    dol_http_cmpl_cleanup(c, &prompt_tokens, &completion_tokens, &queue_ms, &ttft_ms);
+    int64_t spec_p = 0, spec_a = 0;
+    dol_http_cmpl_cleanup(c, &prompt_tokens, &completion_tokens, &queue_ms, &ttft_ms, &spec_p, &spec_a);
     dol_http_model_done(c);   /* after the cleanup: its requests are cancelled */
 
     bool ok = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK;
@@ -400,13 +401,16 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     /* probes and scrapes (every few seconds): successes at debug level,
      * failures at info */
     if (dol_http_route_is_probe(c->route) && ok) lvl = status == 200 ? DOL_LOG_DEBUG : DOL_LOG_INFO;
-    char mq[300];
+    char mq[300], spec[96] = "";
+    if (spec_p > 0) /* speculative decoding proposed something */
+        snprintf(spec, sizeof spec, " spec_proposed=%lld spec_accepted=%lld spec_acceptance=%.3f",
+                 (long long)spec_p, (long long)spec_a, (double)spec_a / (double)spec_p);
     dol_log(lvl, "request",
             "request_id=%s method=%s route=%s model=%s status=%d prompt_tokens=%d "
-            "completion_tokens=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s",
+            "completion_tokens=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s%s",
             c->id, c->method[0] ? c->method : "-", c->route,
             c->model[0] ? dol_log_quote(c->model, mq, sizeof mq) : "-", status, prompt_tokens,
-            completion_tokens, queue_ms, ttft_ms, total_ms,
+            completion_tokens, queue_ms, ttft_ms, total_ms, spec,
             ok ? "" : " aborted=true");
     dol_http_body_free(c);
     free(c);

@@ -301,7 +301,7 @@ static void histogram_family(out_buf *o, const dol_metrics *m, hist_id id)
 
 typedef enum {
     MF_QUEUE, MF_RUN_REQ, MF_RUN_SEQ, MF_KV_USED, MF_KV_CAP, MF_KV_BS, MF_KV_RATIO,
-    MF_KV_CACHED, MF_KV_TOKENS, MF_KV_CONTEXTS, MF_PC_Q, MF_PC_H, MF_MEM_USED, MF_MEM_TOTAL, MF_WEIGHTS, MF_STEPS, MF_HEART,
+    MF_KV_CACHED, MF_KV_TOKENS, MF_KV_CONTEXTS, MF_PC_Q, MF_PC_H, MF_SPEC_P, MF_SPEC_A, MF_SPEC_R, MF_MEM_USED, MF_MEM_TOTAL, MF_WEIGHTS, MF_STEPS, MF_HEART,
     MF_LOADED, MF_WAITING, MF_LOADS, MF_LOAD_FAILS, MF_UNLOADS, MF_LOAD_S, MF_LAST_LOAD_S,
 } model_fig;
 
@@ -328,6 +328,12 @@ static const struct {
      "Prompt tokens looked up in the prefix cache.", false},
     {"dolphin_prefix_cache_hits_total", "counter",
      "Prompt tokens whose K/V came from the prefix cache.", false},
+    {"dolphin_spec_proposed_tokens_total", "counter",
+     "Speculative decoding: draft tokens proposed (and checked in a forward step).", false},
+    {"dolphin_spec_accepted_tokens_total", "counter",
+     "Speculative decoding: draft tokens the model agreed with (each one a forward step saved).", false},
+    {"dolphin_spec_acceptance_ratio", "gauge",
+     "Speculative decoding: accepted / proposed draft tokens so far (0 before any).", false},
     {"dolphin_device_memory_used_bytes", "gauge",
      "Device memory in use (CUDA: the whole device; CPU backend: the KV-cache pool).", false},
     {"dolphin_device_memory_total_bytes", "gauge",
@@ -367,6 +373,9 @@ static double model_value(const dol_metrics_model *x, model_fig f)
         return x->context_len > 0 ? (double)x->kv_blocks_total * x->kv_block_size / x->context_len : 0.0;
     case MF_PC_Q: return (double)x->prefix_cache_query_tokens;
     case MF_PC_H: return (double)x->prefix_cache_hit_tokens;
+    case MF_SPEC_P: return (double)x->spec_proposed;
+    case MF_SPEC_A: return (double)x->spec_accepted;
+    case MF_SPEC_R: return x->spec_proposed ? (double)x->spec_accepted / (double)x->spec_proposed : 0.0;
     case MF_MEM_USED: return (double)x->device_memory_used;
     case MF_MEM_TOTAL: return (double)x->device_memory_total;
     case MF_WEIGHTS: return (double)x->weight_bytes;
@@ -446,6 +455,7 @@ char *dol_metrics_render(dol_metrics *m, const dol_metrics_gauges *g, size_t *le
         .context_len = g->context_len, .kv_dtype_k = g->kv_dtype_k, .kv_dtype_v = g->kv_dtype_v,
         .prefix_cache_query_tokens = g->prefix_cache_query_tokens,
         .prefix_cache_hit_tokens = g->prefix_cache_hit_tokens,
+        .spec_proposed = g->spec_proposed, .spec_accepted = g->spec_accepted,
         .device_memory_used = g->device_memory_used, .device_memory_total = g->device_memory_total,
         .weight_bytes = g->weight_bytes, .steps = g->steps, .heartbeat_age_s = g->heartbeat_age_s,
         .n_devices = g->n_devices,

@@ -420,6 +420,10 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
     sp.max_queue = cfg->max_queue;
     sp.memory_high_watermark = cfg->memory_high_watermark;
     sp.prefill_chunk = cfg->prefill_chunk;
+    sp.spec_mode = cfg->speculative_mode;
+    sp.spec_max_draft = cfg->speculative_max_draft;
+    sp.spec_ngram = cfg->speculative_ngram;
+    sp.spec_min_acceptance = cfg->speculative_min_acceptance;
     if (dol_scheduler_create(o->engine, o->tok, &sp, &o->sched, err, errlen) != 0) goto fail;
     /* the halves' names ("k=q8_0,v=f16") are quoted when they differ */
     const char *kvq = strchr(dol_engine_kv_dtype_name(o->engine), '=') ? "\"" : "";

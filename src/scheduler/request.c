@@ -36,6 +36,7 @@ dol_request *dol_request_create(const dol_request_params *p)
     r->echo_logprobs = p->echo_logprobs;
     r->ignore_eos = p->ignore_eos;
     r->grammar = p->grammar;
+    r->no_speculation = p->no_speculation;
     if (r->grammar) dol_grammar_retain(r->grammar);
     r->priority = p->priority;
     r->timeout_ms = p->timeout_ms;
@@ -142,6 +143,8 @@ int dol_request_read(dol_request *r, dol_output *out, dol_request_state *st)
     st->t_start_ms = r->t_start_ms;
     st->t_first_token_ms = r->t_first_token_ms;
     st->t_done_ms = r->t_done_ms;
+    st->spec_proposed = r->spec_proposed;
+    st->spec_accepted = r->spec_accepted;
     pthread_mutex_unlock(&r->mu);
     return rc;
 }

@@ -33,6 +33,7 @@ struct dol_request {
     bool echo_logprobs;
     bool ignore_eos;
     dol_grammar *grammar;    /* a reference, or NULL */
+    bool no_speculation;
     int priority;
     double timeout_ms;
     char id[64];
@@ -47,6 +48,7 @@ struct dol_request {
     dol_reason_info error;   /* reason NONE until it fails */
     int n_cached_prompt;
     double t_arrival_ms, t_start_ms, t_first_token_ms, t_done_ms;
+    int64_t spec_proposed, spec_accepted;
 
     /* the scheduler's */
     atomic_int refs;

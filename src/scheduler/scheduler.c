@@ -33,6 +33,14 @@ typedef struct {
     dol_token_logprob *plps; /* choice 0 of an echo_logprobs request: the
                                 prompt's logprobs so far (n_prompt entries),
                                 handed to the request once the prompt is in */
+    /* speculative decoding (docs/speculative.md); logits then has
+     * 1 + spec_max_draft rows */
+    bool spec;            /* this sequence may propose */
+    int32_t draft[DOL_SPEC_MAX_DRAFT];
+    int n_draft;          /* drafts in this step's item; 0 = a plain step */
+    int spec_pause;       /* steps left without proposing */
+    int spec_fails;       /* failing rounds in a row: each doubles the pause */
+    int round_prop, round_acc; /* this round's drafts proposed and accepted */
 } seq_t;
 
 /* Scheduler-private part of a request. */
@@ -75,6 +83,7 @@ struct dol_scheduler {
 
     uint64_t n_steps, n_prompt_tokens, n_generated; /* copied into st */
     uint64_t n_prefix_query_tokens, n_prefix_hit_tokens;
+    uint64_t n_spec_proposed, n_spec_accepted;
     double mem_sampled_ms;  /* last sample_memory */
     double gpu_sampled_ms;  /* last GPU utilisation sample */
     dol_scheduler_stats st;
@@ -374,7 +383,9 @@ static int slot_new(dol_scheduler *s, dol_request *r, int choice)
     /* on a cache line: the CPU engine's threads each write a run of 16
      * floats of these logits (dol_cpu_matmul_scatter), and a run that
      * straddled a line would share it with the other thread's */
-    if (posix_memalign((void **)&q->logits, 64, sizeof(float) * (size_t)s->vocab) != 0) q->logits = NULL;
+    q->spec = s->p.spec_mode != DOL_SPEC_OFF && !r->no_speculation;
+    const size_t rows = q->spec ? 1 + (size_t)s->p.spec_max_draft : 1;
+    if (posix_memalign((void **)&q->logits, 64, sizeof(float) * rows * (size_t)s->vocab) != 0) q->logits = NULL;
     if (r->grammar) q->m = dol_matcher_new(r->grammar);
     if (!q->tokens || !q->logits || (r->grammar && !q->m)) {
         free(q->tokens); free(q->logits); dol_matcher_free(q->m); return -1;
@@ -572,6 +583,49 @@ static bool sample_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
     return false;
 }
 
+/* Verify q's drafts: row j of q's logits follows draft j-1 (row 0 the
+ * sampled token). Each row is sampled exactly as a plain step would
+ * (penalties, grammar, the sequence's own random stream) and the token
+ * emitted; while it equals draft j, draft j's K/V computed in this step
+ * stand and row j+1 is next. The first disagreement's token is emitted in
+ * the draft's place, and the rejected positions are overwritten by the
+ * next step. For a proposer that drafts one token for certain, keeping a
+ * sample that equals the draft is speculative sampling's test
+ * (accept with probability p(draft); otherwise the residual, p without
+ * the draft): the output, and its random stream, are those of decoding
+ * without speculation. Returns true when the request was retired. */
+static void spec_adapt(dol_scheduler *s, seq_t *q, int proposed, int accepted);
+
+static bool verify_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
+{
+    dol_request *r = q->r;
+    const int d = q->n_draft;
+    q->n_draft = 0;
+    int accepted = 0;
+    bool retired = false;
+    for (int j = 0;; j++) {
+        if (j > 0) memcpy(q->logits, q->logits + (size_t)j * (size_t)s->vocab, sizeof(float) * (size_t)s->vocab);
+        retired = sample_and_emit(s, q, touched);
+        if (retired || q->finished || j == d || q->tokens[q->n_tokens - 1] != q->draft[j]) break;
+        accepted++;
+        q->n_past++;
+    }
+    /* every draft counts as proposed, also those after a rejection or past
+     * the end of the choice */
+    s->n_spec_proposed += (uint64_t)d;
+    s->n_spec_accepted += (uint64_t)accepted;
+    pthread_mutex_lock(&r->mu);
+    r->spec_proposed += d;
+    r->spec_accepted += accepted;
+    pthread_mutex_unlock(&r->mu);
+    if (retired) return true;
+    if (!q->finished) {
+        spec_adapt(s, q, d, accepted);
+        dol_engine_seq_commit(s->e, q->seq, q->tokens, q->n_past);
+    }
+    return false;
+}
+
 /* After choice 0's prompt is in the cache: fork choices 1..n-1 from it. */
 static void fork_choices(dol_scheduler *s, seq_t *first)
 {
@@ -632,6 +686,73 @@ static void record_prompt_logprobs(dol_scheduler *s, seq_t *q, const dol_batch_i
     }
 }
 
+/* ---- speculative decoding (docs/speculative.md) -------------------------- */
+
+/* N-gram lookup: the latest earlier place where q's last n tokens occur
+ * (n = spec_ngram, then shorter), in its prompt or output, and up to max_d
+ * of the tokens that followed there, into q->draft. Returns how many. */
+static int propose_ngram(const dol_scheduler *s, seq_t *q, int max_d)
+{
+    const int32_t *t = q->tokens;
+    const int N = q->n_tokens;
+    for (int n = s->p.spec_ngram; n >= 1; n--) {
+        if (N < n + 1) continue;
+        const int32_t *suffix = t + N - n;
+        for (int p = N - n - 1; p >= 0; p--) {
+            if (t[p + n - 1] != suffix[n - 1] || memcmp(t + p, suffix, sizeof(int32_t) * (size_t)n) != 0)
+                continue;
+            int d = 0;
+            while (d < max_d && p + n + d < N) {
+                q->draft[d] = t[p + n + d];
+                d++;
+            }
+            return d;
+        }
+    }
+    return 0;
+}
+
+/* The drafts of decoding sequence q for this step (at most budget): none
+ * while it pauses; never so many that the accepted ones and the token
+ * after them pass max_tokens or the context, so they stay inside the
+ * blocks reserved at admission. Placed after q's tokens for the item. */
+static int speculate(dol_scheduler *s, seq_t *q, int budget)
+{
+    if (q->spec_pause > 0) {
+        q->spec_pause--;
+        return 0;
+    }
+    const dol_request *r = q->r;
+    int max_d = s->p.spec_max_draft;
+    const int left = r->max_tokens - (q->n_tokens - r->n_prompt) - 1, room = s->ctx - q->n_tokens - 1;
+    if (left < max_d) max_d = left;
+    if (room < max_d) max_d = room;
+    if (budget < max_d) max_d = budget;
+    if (max_d <= 0) return 0;
+    const int d = propose_ngram(s, q, max_d);
+    memcpy(q->tokens + q->n_tokens, q->draft, sizeof(int32_t) * (size_t)d);
+    return d;
+}
+
+/* A round of 16 proposed drafts below spec_min_acceptance pauses q's
+ * proposals for 16 steps, doubling with each failing round in a row (at
+ * most 1024); a round at or above it ends the pausing. */
+static void spec_adapt(dol_scheduler *s, seq_t *q, int proposed, int accepted)
+{
+    enum { ROUND = 16, MAX_PAUSE = 1024 };
+    q->round_prop += proposed;
+    q->round_acc += accepted;
+    if (q->round_prop < ROUND) return;
+    if (q->round_acc < s->p.spec_min_acceptance * q->round_prop) {
+        int pause = ROUND << (q->spec_fails < 6 ? q->spec_fails : 6);
+        q->spec_pause = pause < MAX_PAUSE ? pause : MAX_PAUSE;
+        q->spec_fails++;
+    } else {
+        q->spec_fails = 0;
+    }
+    q->round_prop = q->round_acc = 0;
+}
+
 /* Prompt tokens of an echo-with-logprobs sequence per step: each needs a
  * row of vocab logits (128 x 32000 floats = 16 MiB). */
 #define ECHO_LOGPROBS_CHUNK 128
@@ -648,12 +769,16 @@ static int build_batch(dol_scheduler *s)
      * member starts decoding before every member's prompt is in. (The
      * padding itself is never computed: the engine needs none.) */
     bool hold_decodes = false;
-    if (s->p.mode == DOL_BATCH_STATIC)
-        for (int i = 0; i < s->n_slots; i++) {
-            const seq_t *q = &s->seqs[i];
-            if (q->used && !q->finished && !q->waiting_fork && q->n_past < q->r->n_prompt)
-                hold_decodes = true;
-        }
+    int n_decoding = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        const seq_t *q = &s->seqs[i];
+        if (!q->used || q->finished || q->waiting_fork) continue;
+        if (q->n_past < q->r->n_prompt) hold_decodes |= s->p.mode == DOL_BATCH_STATIC;
+        else n_decoding++;
+    }
+    /* speculation only while the batch is at most half full: beyond, the
+     * drafts' rows would take compute the other sequences need */
+    const bool spec_ok = s->p.spec_mode != DOL_SPEC_OFF && 2 * n_decoding <= s->p.max_batch_size;
     for (int pass = hold_decodes ? 1 : 0; pass < 2; pass++) {
         for (int i = 0; i < s->n_slots && n_items < s->p.max_batch_size; i++) {
             seq_t *q = &s->seqs[i];
@@ -662,6 +787,12 @@ static int build_batch(dol_scheduler *s)
             bool decode = q->n_past >= q->r->n_prompt;
             if (n <= 0 || decode != (pass == 0)) continue;
             float *rows = NULL;
+            q->n_draft = 0;
+            if (decode && q->spec && spec_ok) {
+                q->n_draft = speculate(s, q, budget);
+                n += q->n_draft;
+                budget -= q->n_draft; /* the drafts come out of the prompts' share */
+            }
             if (!decode) {
                 if (n > budget) n = budget;
                 if (q->plps && n > ECHO_LOGPROBS_CHUNK) n = ECHO_LOGPROBS_CHUNK;
@@ -677,7 +808,7 @@ static int build_batch(dol_scheduler *s)
             it->n_tokens = n;
             it->tokens = q->tokens + q->n_past;
             it->start_pos = q->n_past;
-            it->n_logits = q->n_past + n == q->n_tokens ? 1 : 0;
+            it->n_logits = q->n_past + n >= q->n_tokens ? 1 + q->n_draft : 0;
             it->logits = rows ? rows : q->logits;
             if (rows) it->n_logits = n;
             s->item_rows[n_items] = rows;
@@ -716,7 +847,8 @@ static void commit(dol_scheduler *s, int n_items)
             record_prompt_logprobs(s, q, &s->items[k], s->item_rows[k]);
             free(s->item_rows[k]);
         }
-        q->n_past += s->items[k].n_tokens;
+        /* drafts: only the sampled token is in for now (verify_and_emit) */
+        q->n_past += s->items[k].n_tokens - q->n_draft;
         dol_engine_seq_commit(s->e, q->seq, q->tokens, q->n_past); /* prefix cache */
         if (q->n_past <= q->r->n_prompt) s->n_prompt_tokens += s->items[k].n_tokens;
         dol_request_retain(q->r);
@@ -747,6 +879,8 @@ static int sample(dol_scheduler *s, int n_items)
             if (sq->n_past == r->n_prompt && r->max_tokens == 0) {
                 retired = finish_choice(s, sq, DOL_FINISH_LENGTH);
                 t = true;
+            } else if (sq->n_draft > 0) {
+                retired = verify_and_emit(s, sq, &t);
             } else {
                 retired = sample_and_emit(s, sq, &t);
             }
@@ -864,6 +998,8 @@ static void update_stats(dol_scheduler *s)
     s->st.prefix_cache_query_tokens = s->n_prefix_query_tokens;
     s->st.prefix_cache_hit_tokens = s->n_prefix_hit_tokens;
     s->st.tokens_generated = s->n_generated;
+    s->st.spec_proposed = s->n_spec_proposed;
+    s->st.spec_accepted = s->n_spec_accepted;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -975,6 +1111,17 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     s->e = engine;
     s->tok = tok;
     s->p = *p;
+    if (p->spec_mode != DOL_SPEC_OFF &&
+        (p->spec_mode != DOL_SPEC_NGRAM || p->spec_max_draft < 1 || p->spec_max_draft > DOL_SPEC_MAX_DRAFT ||
+         p->spec_ngram < 1 || p->spec_ngram > DOL_SPEC_MAX_NGRAM ||
+         !(p->spec_min_acceptance >= 0 && p->spec_min_acceptance <= 1))) {
+        dol_set_err(err, errlen, "scheduler: a speculative decoding parameter is out of range (mode %d, "
+                    "max_draft %d of 1..%d, ngram %d of 1..%d, min_acceptance %g of 0..1)", (int)p->spec_mode,
+                    p->spec_max_draft, DOL_SPEC_MAX_DRAFT, p->spec_ngram, DOL_SPEC_MAX_NGRAM,
+                    p->spec_min_acceptance);
+        free(s);
+        return -1;
+    }
     if (p->max_batch_size < 1 || p->max_queue < 1 || p->prefill_chunk < 1 ||
         p->batch_window_ms < 0 || !(p->memory_high_watermark > 0 && p->memory_high_watermark <= 1)) {
         dol_set_err(err, errlen, "scheduler: a parameter is out of range (max_batch_size %d, "
@@ -1017,6 +1164,7 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     s->st.kv_block_size = dol_engine_kv_block_size(engine);
     s->st.context_len = dol_engine_context_len(engine);
     s->st.kv_dtype = dol_engine_kv_dtype_name(engine);
+    s->st.spec_mode = p->spec_mode;
     s->st.kv_dtype_k = dol_kv_dtype_str(dol_engine_kv_dtype(engine, 0));
     s->st.kv_dtype_v = dol_kv_dtype_str(dol_engine_kv_dtype(engine, 1));
     if (!s->p.manual && pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {
