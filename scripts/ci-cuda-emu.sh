@@ -6,7 +6,7 @@
 #      the engine on the fixtures,
 #      the emulation's own checks);
 #   2. the kernel tests again with every block's threads in reverse order;
-#   3. the HTTP golden, streaming, batch-invariance and GGUF tests against
+#   3. the HTTP golden, streaming, batch-invariance, speculative-decoding and GGUF tests against
 #      `dolphind --backend cuda` from that build, and the layer-placement
 #      tests (two virtual devices, the CPU, exit statuses);
 #   4. the mutation check (scripts/cuda-emu-mutants.py): known defects
@@ -53,6 +53,10 @@ DOLPHIN_BIN="$PWD/$B/dolphind-cuda" ASAN_OPTIONS=detect_leaks=1 "$PWD/.venv/bin/
   tests/http/test_golden.py tests/http/test_api_streaming.py \
   "tests/http/test_memory.py::test_checkpoint_pages_released" \
   "tests/http/test_scheduler.py::test_batch_invariance" tests/http/test_kv_cache.py -q -p no:cacheprovider
+# speculative decoding: the same answers with and without it (the settings
+# and the sampling statistics do not depend on the backend)
+DOLPHIN_BIN="$PWD/$B/dolphind-cuda" ASAN_OPTIONS=detect_leaks=1 "$PWD/.venv/bin/python" -m pytest \
+  tests/http/test_speculative.py -k "whole_answers or streamed or chat or proposals" -q -p no:cacheprovider
 # GGUF files: the reference's ids up to the first margin below 5e-2 (FP16)
 DOLPHIN_GGUF_MARGIN=5e-2 DOLPHIN_BIN="$PWD/$B/dolphind-cuda" ASAN_OPTIONS=detect_leaks=1 \
   "$PWD/.venv/bin/python" -m pytest tests/http/test_gguf.py -q -p no:cacheprovider
