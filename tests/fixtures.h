@@ -29,10 +29,15 @@ static inline const char *fixture_shared_dir(void)
  * run, ten times slower): loops over the GGUF files take one of each kind
  * of kernel (the float files, Q8_0, Q4_0, Q4_K_M); the Release run takes
  * them all. `key` is the file's entry in its golden (F16, Q4_0, ...). */
-static inline bool fixture_gguf_wanted(const char *key)
+static inline bool fixture_light(void)
 {
     const char *light = getenv("DOLPHIN_TEST_LIGHT");
-    if (!light || strcmp(light, "1") != 0) return true;
+    return light && strcmp(light, "1") == 0;
+}
+
+static inline bool fixture_gguf_wanted(const char *key)
+{
+    if (!fixture_light()) return true;
     return !strcmp(key, "F16") || !strcmp(key, "F32") || !strcmp(key, "Q8_0") || !strcmp(key, "Q4_0") ||
            !strcmp(key, "Q4_K_M");
 }

@@ -258,11 +258,7 @@ static void rig_close(rig *g)
 
 /* DOLPHIN_TEST_LIGHT=1 (the sanitizer run): tiny-llama2 (slow, and its
  * greedy outputs propose nothing) left out, the rest in batches only. */
-static bool light(void)
-{
-    const char *l = getenv("DOLPHIN_TEST_LIGHT");
-    return l && strcmp(l, "1") == 0;
-}
+static bool light(void) { return fixture_light(); }
 
 static void test_fixtures_greedy_and_seeded(void **state)
 {
