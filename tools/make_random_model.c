@@ -7,8 +7,15 @@
  * outputs), and the two projections that feed the residual stream (o_proj,
  * down_proj) further scaled by 1/sqrt(2 * n_layers) as in GPT-2, so
  * activations stay finite in FP16 at any depth; norms are 1; the embedding
- * has standard deviation 0.02 (HF's initializer_range). */
+ * has standard deviation 0.02 (HF's initializer_range).
+ *
+ * --echo: a model that repeats its last token (for speculative decoding's
+ * benchmarks: the cost of a real model, proposals that hold): the
+ * embedding has standard deviation 1 and lm_head is the same matrix, so
+ * the residual stream stays near the token's own row, whose dot product
+ * with itself (about hidden) dwarfs every other row's. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +53,7 @@ typedef struct {
 static int usage(void)
 {
     fprintf(stderr,
-            "usage: make_random_model SHAPE OUTDIR [--seed N] [--tokenizer FILE] [--shard-gib N]\n"
+            "usage: make_random_model SHAPE OUTDIR [--seed N] [--tokenizer FILE] [--shard-gib N] [--echo]\n"
             "  SHAPE: tiny | 110m | 1b | 7b | 13b\n");
     return 2;
 }
@@ -58,7 +65,7 @@ static void fill(uint16_t *buf, int64_t n, const tdesc *t, const shape *s, dol_r
         return;
     }
     /* uniform [-a, a] has std a / sqrt(3) */
-    float a = t->kind == 2 ? 0.02f * sqrtf(3.0f) : sqrtf(3.0f / (float)t->cols) * t->scale;
+    float a = t->kind == 2 ? 0.02f * sqrtf(3.0f) * t->scale : sqrtf(3.0f / (float)t->cols) * t->scale;
     (void)s;
     for (int64_t i = 0; i < n; i++) buf[i] = dol_f32_to_f16((2.0f * dol_rng_float(rng) - 1.0f) * a);
 }
@@ -74,7 +81,9 @@ int main(int argc, char **argv)
     uint64_t seed = 0;
     const char *tokenizer = NULL;
     double shard_gib = 4.0;
+    bool echo = false;
     for (int i = 3; i < argc; i++) {
+        if (strcmp(argv[i], "--echo") == 0) { echo = true; continue; }
         if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--tokenizer") == 0 && i + 1 < argc) tokenizer = argv[++i];
         else if (strcmp(argv[i], "--shard-gib") == 0 && i + 1 < argc) shard_gib = atof(argv[++i]);
@@ -112,6 +121,11 @@ int main(int argc, char **argv)
     }
     t[k++] = (tdesc){ "model.norm.weight", 1, s->hidden, 1, 1, 0, 0 };
     t[k++] = (tdesc){ "lm_head.weight", s->vocab, s->hidden, 0, 1, 0, 0 };
+    if (echo) {   /* lm_head = the embedding, standard deviation 1 */
+        t[0].scale = 50.0f;
+        t[k - 1].kind = 2;
+        t[k - 1].scale = 50.0f;
+    }
 
     /* assign shards */
     uint64_t limit = (uint64_t)(shard_gib * 1073741824.0), cur = 0, total = 0;
@@ -164,9 +178,11 @@ int main(int argc, char **argv)
             if (t[i].shard != sh) continue;
             int64_t n = t[i].rows * t[i].cols, chunk = 1 << 20;
             uint16_t *buf = malloc(sizeof(uint16_t) * (size_t)chunk);
+            dol_rng erng;   /* --echo: the embedding's stream, again for lm_head */
+            dol_rng_seed(&erng, seed + 77);
             for (int64_t done = 0; done < n; done += chunk) {
                 int64_t m = n - done < chunk ? n - done : chunk;
-                fill(buf, m, &t[i], s, &rng);
+                fill(buf, m, &t[i], s, echo && t[i].kind == 2 ? &erng : &rng);
                 if (fwrite(buf, 2, (size_t)m, f) != (size_t)m) {
                     fprintf(stderr, "make_random_model: %s: write failed\n", path);
                     return 1;

@@ -62,6 +62,13 @@ typedef struct {
     int gpu_layers;
     bool allow_host_spill;
     char weights_cache_dir[1024];    /* CPU prepared-weights cache folder; "" = off */
+    /* speculative decoding (as the top-level keys; docs/speculative.md) */
+    dol_spec_mode speculative_mode;
+    char speculative_draft_model[DOL_MODEL_NAME_LEN]; /* mode draft: an entry's name or alias */
+    int draft_index;                 /* mode draft: that entry's index (resolved); else -1 */
+    int speculative_max_draft;
+    int speculative_ngram;
+    double speculative_min_acceptance;
     unsigned set_mask;               /* bit i: MODEL_FIELDS[i] set by the entry */
     bool implicit;                   /* made from the single model: / --model */
 } dol_model_entry;
@@ -137,8 +144,10 @@ typedef struct {
     int kv_block_size;           /* default 16 */
     int prefill_chunk;           /* default 512 tokens per sequence per step */
     /* speculative decoding (docs/speculative.md); in YAML also as a mapping
-     * `speculative: {mode, max_draft, ngram, min_acceptance}` */
-    dol_spec_mode speculative_mode;      /* off | ngram (default off) */
+     * `speculative: {mode, draft_model, max_draft, ngram, min_acceptance}`;
+     * every models: entry takes these unless it sets its own */
+    dol_spec_mode speculative_mode;      /* off | ngram | draft (default off) */
+    char speculative_draft_model[DOL_MODEL_NAME_LEN]; /* draft: a models: entry (default "") */
     int speculative_max_draft;           /* default 4 */
     int speculative_ngram;               /* default 3 */
     double speculative_min_acceptance;   /* default 0.3 */

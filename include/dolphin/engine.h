@@ -219,6 +219,9 @@ const char *dol_kv_dtype_str(dol_kv_dtype t);
  * cannot hold. */
 size_t dol_kv_head_row_bytes(dol_kv_dtype t, int head_dim);
 int dol_engine_vocab_size(const dol_engine *e);
+/* The most tokens one dol_engine_forward call takes (all items together):
+ * the params' max_batch_tokens. */
+int dol_engine_max_batch_tokens(const dol_engine *e);
 
 /* ---- sequences and the paged KV cache ---------------------------------- */
 

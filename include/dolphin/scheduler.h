@@ -180,7 +180,7 @@ void dol_request_state_free(dol_request_state *st);
 typedef enum { DOL_BATCH_CONTINUOUS = 0, DOL_BATCH_STATIC = 1 } dol_batch_mode;
 
 /* Speculative decoding's proposer (docs/speculative.md). */
-typedef enum { DOL_SPEC_OFF = 0, DOL_SPEC_NGRAM = 1 } dol_spec_mode;
+typedef enum { DOL_SPEC_OFF = 0, DOL_SPEC_NGRAM = 1, DOL_SPEC_DRAFT = 2 } dol_spec_mode;
 
 /* Every field is required (the defaults are the configuration's: src/config,
  * docs/configuration.md); dol_scheduler_create refuses a value out of range. */
@@ -198,11 +198,18 @@ typedef struct {
      * them. A sequence whose proposals are accepted less than
      * spec_min_acceptance ([0, 1]) of the time pauses proposing, longer
      * after each failing round. Only while at most half of max_batch_size
-     * sequences decode. OFF (0, the zero value): none. */
+     * sequences decode. DRAFT: the proposals are the greedy tokens of a
+     * second model, spec_draft, run over the sequence's tokens with its own
+     * KV cache (spec_ngram unused). OFF (0, the zero value): none. */
     dol_spec_mode spec_mode;
     int spec_max_draft;
     int spec_ngram;
     double spec_min_acceptance;
+    /* DRAFT: the draft model's engine: the same vocabulary as the engine's
+     * (the caller checks), max_seqs at least the engine's, max_batch_tokens
+     * >= max_batch_size, prefix caching off. Used by the scheduler thread
+     * alone; owned by the caller, outlives the scheduler. NULL otherwise. */
+    dol_engine *spec_draft;
     /* For tests. clock_ms: the clock of arrivals, the batch window and
      * timeouts, in ms (NULL = dol_now_ms). manual: no thread of its own;
      * the caller drives the loop with dol_scheduler_tick. */

@@ -215,10 +215,14 @@ static const field FIELDS[] = {
               "products run in BF16x3 on AMX (faster, not the same bits)" },
     { .name = "prefill_chunk", .type = F_INT, AT(prefill_chunk), .min = 1, .max = NONE,
       .def = "512", .metavar = "N", .help = "most prompt tokens per sequence per step" },
-    { .name = "speculative_mode", .type = F_ENUM, AT(speculative_mode), .choices = CHOICES("off", "ngram"),
+    { .name = "speculative_mode", .type = F_ENUM, AT(speculative_mode), .choices = CHOICES("off", "ngram", "draft"),
       .def = "off", .help = "speculative decoding: ngram = propose the tokens that followed the last "
-                            "few tokens earlier in the prompt or output, verify them in one step "
-                            "(the output is unchanged; YAML: speculative: {mode: ngram, ...})" },
+                            "few tokens earlier in the prompt or output; draft = the greedy tokens of "
+                            "speculative_draft_model; verified in one step (the output is unchanged; "
+                            "YAML: speculative: {mode: ngram, ...}, also per models: entry)" },
+    { .name = "speculative_draft_model", .type = F_STR, AT(speculative_draft_model), .def = "",
+      .metavar = "NAME", .help = "mode draft: the models: entry (name or alias) that proposes; the "
+                                 "same vocabulary, loaded beside each model that uses it" },
     { .name = "speculative_max_draft", .type = F_INT, AT(speculative_max_draft), .min = 1,
       .max = DOL_SPEC_MAX_DRAFT, .def = "4", .metavar = "K", .help = "most tokens proposed per step" },
     { .name = "speculative_ngram", .type = F_INT, AT(speculative_ngram), .min = 1,
@@ -284,6 +288,15 @@ static const field MODEL_FIELDS[] = {
     { .name = "gpu_layers", .type = F_INT, MAT(gpu_layers), .min = -1, .max = 100000, .def = "-1" },
     { .name = "allow_host_spill", .type = F_BOOL, MAT(allow_host_spill), .def = "true" },
     { .name = "weights_cache_dir", .type = F_STR, MAT(weights_cache_dir), .def = "" },
+    { .name = "speculative_mode", .type = F_ENUM, MAT(speculative_mode), .choices = CHOICES("off", "ngram", "draft"),
+      .def = "off" },
+    { .name = "speculative_draft_model", .type = F_STR, MAT(speculative_draft_model), .def = "" },
+    { .name = "speculative_max_draft", .type = F_INT, MAT(speculative_max_draft), .min = 1,
+      .max = DOL_SPEC_MAX_DRAFT, .def = "4" },
+    { .name = "speculative_ngram", .type = F_INT, MAT(speculative_ngram), .min = 1,
+      .max = DOL_SPEC_MAX_NGRAM, .def = "3" },
+    { .name = "speculative_min_acceptance", .type = F_DOUBLE, MAT(speculative_min_acceptance), .min = 0,
+      .max = 1, .def = "0.3" },
 };
 #define N_MODEL_FIELDS (sizeof MODEL_FIELDS / sizeof MODEL_FIELDS[0])
 /* The inherited keys: entry field -> the dol_config member it defaults to. */
@@ -302,7 +315,14 @@ static const struct { const char *name; size_t top; } INHERITED[] = {
     { "gpu_layers", offsetof(dol_config, gpu_layers) },
     { "allow_host_spill", offsetof(dol_config, allow_host_spill) },
     { "weights_cache_dir", offsetof(dol_config, weights_cache_dir) },
+    { "speculative_mode", offsetof(dol_config, speculative_mode) },
+    { "speculative_draft_model", offsetof(dol_config, speculative_draft_model) },
+    { "speculative_max_draft", offsetof(dol_config, speculative_max_draft) },
+    { "speculative_ngram", offsetof(dol_config, speculative_ngram) },
+    { "speculative_min_acceptance", offsetof(dol_config, speculative_min_acceptance) },
 };
+_Static_assert(DOL_SPEC_OFF == 0 && DOL_SPEC_NGRAM == 1 && DOL_SPEC_DRAFT == 2,
+               "speculative_mode choices are off|ngram|draft");
 
 /* F_ENUM fields hold an int; their `choices` list the enum's values in order. */
 _Static_assert(sizeof(dol_backend_kind) == sizeof(int) && sizeof(dol_weight_format) == sizeof(int) &&
@@ -830,6 +850,42 @@ static int join_int_seq(yaml_document_t *doc, yaml_node_t *v, char *out, size_t 
     return 0;
 }
 
+/* An entry's `speculative: {mode: ..., ...}`: its speculative_* keys. */
+static int entry_group(dol_model_entry *e, yaml_document_t *doc, yaml_node_t *map, const char *path,
+                       const char *label, char *err, size_t errlen)
+{
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(doc, p->value);
+        const char *sub = k->type == YAML_SCALAR_NODE && !has_nul(k) ? (const char *)k->data.scalar.value : "?";
+        char full[128];
+        snprintf(full, sizeof full, "speculative_%s", sub);
+        size_t fi = 0;
+        while (fi < N_MODEL_FIELDS && strcmp(MODEL_FIELDS[fi].name, full) != 0) fi++;
+        if (fi == N_MODEL_FIELDS) {
+            dol_set_err(err, errlen, "%s:%zu: field %s.speculative.%s: unknown key (want mode, "
+                        "draft_model, max_draft, ngram, min_acceptance)", path, line_of(k), label, sub);
+            return -1;
+        }
+        if (e->set_mask & (1u << fi)) {
+            dol_set_err(err, errlen, "%s:%zu: field %s.speculative.%s: set twice", path, line_of(k), label, sub);
+            return -1;
+        }
+        e->set_mask |= 1u << fi;
+        char prob[DOL_ERR_LEN];
+        if (v->type != YAML_SCALAR_NODE || has_nul(v) || is_null(v)) {
+            dol_set_err(err, errlen, "%s:%zu: field %s.speculative.%s: expected a single value", path,
+                        line_of(v), label, sub);
+            return -1;
+        }
+        if (set_field(e, &MODEL_FIELDS[fi], (const char *)v->data.scalar.value, prob, sizeof prob) < 0) {
+            dol_set_err(err, errlen, "%s:%zu: field %s.speculative.%s: %s", path, line_of(v), label, sub, prob);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int load_models(dol_config *c, yaml_document_t *doc, yaml_node_t *val,
                        const char *path, char *err, size_t errlen)
 {
@@ -881,6 +937,11 @@ static int load_models(dol_config *c, yaml_document_t *doc, yaml_node_t *val,
             yaml_node_t *v = yaml_document_get_node(doc, p->value);
             const char *kname = k->type == YAML_SCALAR_NODE && !has_nul(k)
                                     ? (const char *)k->data.scalar.value : "?";
+            if (strcmp(kname, "speculative") == 0 && v->type == YAML_MAPPING_NODE) {
+                /* the speculative_* keys as one mapping */
+                if (entry_group(e, doc, v, path, label, err, errlen) < 0) return -1;
+                continue;
+            }
             size_t fi = 0;
             while (fi < N_MODEL_FIELDS && strcmp(MODEL_FIELDS[fi].name, kname) != 0) fi++;
             if (fi == N_MODEL_FIELDS) {
@@ -964,6 +1025,50 @@ static int load_models(dol_config *c, yaml_document_t *doc, yaml_node_t *val,
     return 0;
 }
 
+/* Speculative decoding with a draft model: each entry's draft_model names
+ * another entry (draft_index). A top-level draft setting does not apply to
+ * the draft itself; an entry's own setting that names itself is an error. */
+static int resolve_drafts(dol_config *c, char *err, size_t errlen)
+{
+    size_t fm = 0, fd = 0;
+    while (strcmp(MODEL_FIELDS[fm].name, "speculative_mode") != 0) fm++;
+    while (strcmp(MODEL_FIELDS[fd].name, "speculative_draft_model") != 0) fd++;
+    for (int i = 0; i < c->n_models; i++) {
+        dol_model_entry *e = &c->models[i];
+        char label[DOL_MODEL_NAME_LEN + 32], names[512];
+        e->draft_index = -1;
+        if (e->speculative_mode != DOL_SPEC_DRAFT) continue;
+        const bool own = e->set_mask & (1u << fm | 1u << fd);
+        entry_label(e, i, label, sizeof label);
+        if (!e->speculative_draft_model[0]) {
+            dol_set_err(err, errlen, "field %sspeculative.draft_model: missing (mode draft proposes with "
+                        "another entry of models:, named here)", own ? strcat(label, ".") : "");
+            return -1;
+        }
+        int who = -1;
+        if (!id_taken(c->models, c->n_models, -1, e->speculative_draft_model, &who)) {
+            size_t o = 0;
+            names[0] = '\0';
+            for (int k = 0; k < c->n_models && o < sizeof names; k++)
+                o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", k ? ", " : "", c->models[k].name);
+            dol_set_err(err, errlen, "field %sspeculative.draft_model: '%s' is no entry of models: (%s)",
+                        own ? strcat(label, ".") : "", e->speculative_draft_model, names);
+            return -1;
+        }
+        if (who == i && !own) {   /* the top level's draft: not for itself */
+            e->speculative_mode = DOL_SPEC_OFF;
+            continue;
+        }
+        if (who == i) {
+            dol_set_err(err, errlen, "field %s.speculative.draft_model: '%s' is this model itself", label,
+                        e->speculative_draft_model);
+            return -1;
+        }
+        e->draft_index = who;
+    }
+    return 0;
+}
+
 /* After the file and after the flags: the single model: (or --model) as a
  * one-entry list, and every key an entry leaves out taken from the top
  * level. Idempotent. -1 with err when the two forms are mixed. */
@@ -1007,6 +1112,7 @@ static int finalize_models(dol_config *c, char *err, size_t errlen)
                    MODEL_FIELDS[fi].size);
         }
     }
+    if (resolve_drafts(c, err, errlen) < 0) return -1;
     int pinned = 0;
     for (int i = 0; i < c->n_models; i++) pinned += c->models[i].pinned;
     if (pinned > c->max_loaded_models) {

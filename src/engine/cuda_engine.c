@@ -25,7 +25,8 @@
  *
  * One step (T token rows): embedding -> per layer [RMSNorm(+residual) ->
  * fused QKV product -> RoPE -> K/V into the blocks -> attention (decode
- * kernel for one-token items, tiled prefill kernel for longer ones) -> output
+ * kernel row by row for items of up to DECODE_ITEM_MAX tokens, tiled prefill
+ * kernel for longer ones) -> output
  * product -> RMSNorm(+residual) -> fused gate|up product -> SiLU·up -> down
  * product] -> final RMSNorm of the rows that want logits -> lm_head.
  * Per-call metadata (token ids, positions, block tables, attention work
@@ -70,6 +71,10 @@ int dol_cuda_utilization(int *percent)
 #define RESERVE_BYTES ((size_t)384 << 20)  /* left free inside the budget: cuBLAS kernels
                                               loaded lazily, graphs, allocator slack */
 #define SPLIT_LEN_MIN 64                   /* decode attention: positions per split */
+#define DECODE_ITEM_MAX 9                  /* items this short (a decode token and up to 8
+                                              speculative drafts) take the decode kernel per
+                                              row: each row's attention sums as in a plain
+                                              decode step */
 #define SPLITS_MAX 64
 #define NF4_WS_ELEMS ((size_t)16 << 20)    /* FP16 values of the NF4 dequantization workspace
                                               (32 MiB): the tile of W per prefill product */
@@ -122,6 +127,7 @@ typedef struct {
     int dev;
     int d, f, q_dim, kv_dim, qkv_dim, hd, V, ctx;
     int max_T, max_items, logit_chunk;
+    int max_dec;                 /* decode-kernel rows per step */
     int bs, n_blocks, max_blocks;
     int n_splits, split_len, max_tiles;
     float scale;
@@ -494,7 +500,7 @@ static void plan_meta(cuda_engine *e)
     e->off_pos = o;    o += align_up((size_t)e->max_T, 4);
     e->off_item = o;   o += align_up((size_t)e->max_T, 4);
     e->off_lrow = o;   o += align_up((size_t)e->max_T, 4);
-    e->off_dec = o;    o += align_up((size_t)e->max_items, 4);
+    e->off_dec = o;    o += align_up((size_t)e->max_dec, 4);
     e->off_tiles = o;  o += 4 * (size_t)e->max_tiles;
     e->off_tables = o; o += (size_t)e->max_items * e->max_blocks;
     e->meta_n = o;
@@ -508,7 +514,7 @@ static size_t workspace_bytes(const cuda_engine *e)
     b += T * e->qkv_dim * sizeof(float);                /* qkv */
     b += T * 2 * (size_t)e->f * sizeof(float);          /* gu */
     b += (size_t)e->logit_chunk * e->V * sizeof(float); /* logits */
-    b += dol_cuda_attention_decode_part_floats(e->max_items, e->c.n_heads, e->hd, e->n_splits) *
+    b += dol_cuda_attention_decode_part_floats(e->max_dec, e->c.n_heads, e->hd, e->n_splits) *
          sizeof(float);
     b += T * ((size_t)e->d + e->q_dim + e->f) * sizeof(dol_f16); /* xn, att, hbuf */
     b += BLAS_WS_BYTES;
@@ -672,7 +678,7 @@ static int alloc_and_upload(cuda_engine *e, const dol_model *m, char *err, size_
         dalloc(e, &e->gu, T * 2 * f * sizeof(float), "workspaces", err, errlen) ||
         dalloc(e, &e->logits, (size_t)e->logit_chunk * e->V * sizeof(float), "workspaces", err, errlen) ||
         dalloc(e, &e->part,
-               dol_cuda_attention_decode_part_floats(e->max_items, c->n_heads, e->hd, e->n_splits) *
+               dol_cuda_attention_decode_part_floats(e->max_dec, c->n_heads, e->hd, e->n_splits) *
                    sizeof(float), "workspaces", err, errlen) ||
         dalloc(e, &e->xn, T * d * sizeof(dol_f16), "workspaces", err, errlen) ||
         dalloc(e, &e->att, T * e->q_dim * sizeof(dol_f16), "workspaces", err, errlen) ||
@@ -856,6 +862,7 @@ static int cuda_setup(cuda_engine *e, const dol_model *m, const dol_engine_param
     e->max_T = p->max_batch_tokens > 0 ? p->max_batch_tokens : 2048;
     const int max_seqs = p->max_seqs > 0 ? p->max_seqs : 16;
     e->max_items = max_seqs < e->max_T ? max_seqs : e->max_T;
+    e->max_dec = e->max_items * DECODE_ITEM_MAX < e->max_T ? e->max_items * DECODE_ITEM_MAX : e->max_T;
     e->logit_chunk = e->max_T < LOGIT_CHUNK ? e->max_T : LOGIT_CHUNK;
     e->max_blocks = (ctx + bs - 1) / bs;
     e->max_tiles = e->max_T / DOL_CUDA_PREFILL_BQ + e->max_items;
@@ -1290,8 +1297,9 @@ static int forward_inner(cuda_engine *e, const dol_forward_args *a, char *err, s
             mh[e->off_pos + t0 + k] = a->tok_pos[t0 + k];
             mh[e->off_item + t0 + k] = i;
         }
-        if (n == 1) {
-            mh[e->off_dec + n_dec++] = t0;
+        if (n <= DECODE_ITEM_MAX) {
+            for (int k = 0; k < n; k++) mh[e->off_dec + n_dec++] = t0 + k;
+            if (n > 1) decode_only = false;
         } else {
             decode_only = false;
             for (int q0 = 0; q0 < n; q0 += DOL_CUDA_PREFILL_BQ) {

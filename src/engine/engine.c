@@ -349,6 +349,7 @@ dol_kv_dtype dol_engine_kv_dtype(const dol_engine *e, int which)
     return which ? e->kv_dtype_v : e->kv_dtype_k;
 }
 int dol_engine_vocab_size(const dol_engine *e) { return e->vocab; }
+int dol_engine_max_batch_tokens(const dol_engine *e) { return e->max_T; }
 int dol_engine_seq_new(dol_engine *e) { return dol_kv_seq_new(&e->kv); }
 void dol_engine_seq_free(dol_engine *e, int seq) { dol_kv_seq_free(&e->kv, seq); }
 int dol_engine_seq_reserve(dol_engine *e, int seq, int n)

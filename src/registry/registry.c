@@ -38,6 +38,11 @@ typedef struct {
     dol_tokenizer *tok;
     dol_engine *engine;
     dol_scheduler *sched;
+    /* speculative mode draft: the draft entry's checkpoint, loaded beside
+     * this model and held as long as it is */
+    dol_model *draft_model;
+    dol_tokenizer *draft_tok;
+    dol_engine *draft_engine;
 } objects;
 
 typedef struct {
@@ -152,6 +157,9 @@ static void wake_all(wake_list *l)
 static void objects_free(objects *o)
 {
     dol_scheduler_free(o->sched);   /* ends whatever is left with 503 */
+    dol_engine_free(o->draft_engine);
+    dol_tokenizer_free(o->draft_tok);
+    dol_model_free(o->draft_model);
     dol_engine_free(o->engine);
     dol_tokenizer_free(o->tok);
     dol_model_free(o->model);
@@ -159,12 +167,17 @@ static void objects_free(objects *o)
 }
 
 /* Weights plus the KV pool: what a loaded model holds. */
+static size_t engine_bytes(const dol_engine *g)
+{
+    if (!g) return 0;
+    return dol_engine_weight_bytes(g) +
+           (size_t)dol_engine_kv_blocks_total(g) * (size_t)dol_engine_kv_block_size(g) * dol_engine_kv_bytes_per_token(g);
+}
+
+/* ... and a draft model's. */
 static size_t objects_bytes(const objects *o)
 {
-    if (!o->engine) return 0;
-    return dol_engine_weight_bytes(o->engine) +
-           (size_t)dol_engine_kv_blocks_total(o->engine) *
-               (size_t)dol_engine_kv_block_size(o->engine) * dol_engine_kv_bytes_per_token(o->engine);
+    return o->engine ? engine_bytes(o->engine) + engine_bytes(o->draft_engine) : 0;
 }
 
 /* Before the first load: the checkpoint's size on disk (its .safetensors
@@ -328,12 +341,36 @@ static int check_vocab(const char *dir, const dol_model *mdl, const dol_tokenize
     return -1;
 }
 
+/* A draft model must share the model's vocabulary: the same number of
+ * embedding rows and the same piece for every id. */
+static int check_same_vocab(const dol_model_entry *me, const objects *o, const dol_model_entry *de, char *err,
+                            size_t errlen)
+{
+    const int nv = o->model->cfg.vocab_size, dv = o->draft_model->cfg.vocab_size;
+    const int nt = dol_tokenizer_vocab_size(o->tok), dt = dol_tokenizer_vocab_size(o->draft_tok);
+    int diff = -1;
+    for (int id = 0; nt == dt && id < nt && diff < 0; id++)
+        if (strcmp(dol_tokenizer_id_to_piece(o->tok, id), dol_tokenizer_id_to_piece(o->draft_tok, id)) != 0)
+            diff = id;
+    if (nv == dv && nt == dt && diff < 0) return 0;
+    if (nv != dv || nt != dt)
+        dol_set_err(err, errlen, "model '%s' (%s): speculative draft_model '%s' (%s) has another vocabulary: "
+                    "%d tokens (%d pieces) against %d (%d pieces); a draft model must share the tokenizer",
+                    me->name, me->path, de->name, de->path, dv, dt, nv, nt);
+    else
+        dol_set_err(err, errlen, "model '%s' (%s): speculative draft_model '%s' (%s) has another vocabulary: "
+                    "token %d is '%s' there, '%s' here; a draft model must share the tokenizer",
+                    me->name, me->path, de->name, de->path, diff, dol_tokenizer_id_to_piece(o->draft_tok, diff),
+                    dol_tokenizer_id_to_piece(o->tok, diff));
+    return -1;
+}
+
 /* What can be checked before room is made, cheaply: the checkpoint opened
  * and validated (config.json, the safetensors headers; memory-mapped only),
  * the context settings, the tokenizer. A broken entry thus never unloads
  * another model. Fills o->model and o->tok (nothing held on failure). 0, or
  * -1 with err (*config_error: a setting is at fault). No lock held. */
-static int open_checkpoint(dol_models *m, const dol_model_entry *me, objects *o, char *err,
+static int open_checkpoint(dol_models *m, const dol_model_entry *me, bool with_draft, objects *o, char *err,
                            size_t errlen, bool *config_error)
 {
     const dol_config *cfg = m->cfg;
@@ -361,10 +398,99 @@ static int open_checkpoint(dol_models *m, const dol_model_entry *me, objects *o,
         if (dol_tokenizer_load(tok_path, &o->tok, err, errlen) != 0) goto fail;
     }
     if (check_vocab(me->path, o->model, o->tok, err, errlen) != 0) goto fail;
+    if (with_draft && me->speculative_mode == DOL_SPEC_DRAFT && me->draft_index >= 0) {
+        const dol_model_entry *de = &cfg->models[me->draft_index];
+        objects d;
+        if (open_checkpoint(m, de, false, &d, err, errlen, config_error) != 0) {
+            char why[DOL_ERR_LEN];
+            snprintf(why, sizeof why, "%s", err);
+            dol_set_err(err, errlen, "model '%s': its speculative draft_model '%s': %s", me->name, de->name, why);
+            goto fail;
+        }
+        o->draft_model = d.model;
+        o->draft_tok = d.tok;
+        if (check_same_vocab(me, o, de, err, errlen) != 0) {
+            *config_error = true;
+            goto fail;
+        }
+    }
     return 0;
 fail:
     objects_free(o);
     return -1;
+}
+
+/* The engine settings of entry me. */
+static void engine_params(const dol_models *m, const dol_model_entry *me, dol_engine_params *ep)
+{
+    const dol_config *cfg = m->cfg;
+    memset(ep, 0, sizeof *ep);
+    ep->n_threads = m->threads;
+    ep->kv_block_size = cfg->kv_block_size;
+    ep->kv_cache_tokens = cfg->kv_cache_tokens;
+    ep->prefix_caching = cfg->prefix_caching;
+    ep->fast_prefill = !cfg->batch_invariant;
+    ep->kv_cache_bytes = cfg->kv_cache_bytes;
+    ep->kv_dtype = me->kv_cache_dtype;
+    ep->kv_dtype_k = me->kv_cache_dtype_k;
+    ep->kv_dtype_v = me->kv_cache_dtype_v;
+    ep->kv_memory_fraction = cfg->kv_cache_memory_fraction;
+    ep->max_seqs = cfg->max_batch_size + 1;
+    ep->max_batch_tokens = cfg->prefill_chunk + cfg->max_batch_size;
+    ep->context_len = me->context_len;
+    ep->weights = me->weights;
+    ep->quantize_lm_head = me->quantize_lm_head;
+    ep->activations = me->activations;
+    ep->backend = me->backend;
+    ep->gpu_memory_utilization = me->gpu_memory_utilization;
+    ep->n_devices = me->devices.n;
+    memcpy(ep->devices, me->devices.v, sizeof ep->devices);
+    ep->n_layer_split = me->layer_split.n;
+    memcpy(ep->layer_split, me->layer_split.v, sizeof ep->layer_split);
+    ep->gpu_layers_set = me->gpu_layers >= 0;
+    ep->gpu_layers = me->gpu_layers;
+    ep->no_host_spill = !me->allow_host_spill;
+    ep->weights_cache_dir = me->weights_cache_dir;
+}
+
+/* The draft model of entry me beside it (o->draft_model, opened by
+ * open_checkpoint): its own engine on the backend the model's entry asks
+ * for, with a KV pool for max_seqs contexts of the model's length (or
+ * kv_cache_tokens, when smaller), no prefix cache. Made before the model's
+ * engine, so that the model's share of the memory counts it. 0, or -1 with
+ * err. */
+static int load_draft(dol_models *m, const dol_model_entry *me, objects *o, char *err, size_t errlen,
+                      bool *config_error)
+{
+    const dol_model_entry *de = &m->cfg->models[me->draft_index];
+    dol_engine_params ep;
+    engine_params(m, de, &ep);
+    ep.backend = me->backend;
+    ep.prefix_caching = false;
+    ep.kv_cache_bytes = 0;
+    int ctx = o->model->cfg.max_position_embeddings;   /* the model's context, as its engine takes it */
+    if (me->context_len > 0 && me->context_len < ctx) ctx = me->context_len;
+    if (ctx > o->draft_model->cfg.max_position_embeddings)
+        ctx = o->draft_model->cfg.max_position_embeddings;  /* longer sequences do not propose */
+    ep.context_len = ctx;
+    ep.kv_cache_tokens = (int64_t)ep.max_seqs * ctx;
+    if (m->cfg->kv_cache_tokens > 0 && m->cfg->kv_cache_tokens < ep.kv_cache_tokens)
+        ep.kv_cache_tokens = m->cfg->kv_cache_tokens;
+    char why[DOL_ERR_LEN];
+    int erc = dol_engine_create(o->draft_model, &ep, &o->draft_engine, why, sizeof why);
+    if (erc != 0) {
+        *config_error = erc == -2;
+        dol_set_err(err, errlen, "model '%s': its speculative draft_model '%s': %s", me->name, de->name, why);
+        return -1;
+    }
+    dol_model_drop_copies(o->draft_model);
+    dol_log(DOL_LOG_INFO, "draft_model_loaded",
+            "model=%s draft_model=%s path=%s backend=%s activations=%s weight_bytes=%zu kv_tokens=%lld ctx=%d",
+            me->name, de->name, de->path, dol_engine_backend_name(o->draft_engine),
+            dol_engine_activations(o->draft_engine), dol_engine_weight_bytes(o->draft_engine),
+            (long long)dol_engine_kv_blocks_total(o->draft_engine) * dol_engine_kv_block_size(o->draft_engine),
+            dol_engine_context_len(o->draft_engine));
+    return 0;
 }
 
 /* Finish loading entry me into o, opened by open_checkpoint: engine,
@@ -375,33 +501,9 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
 {
     const dol_config *cfg = m->cfg;
     double t0 = dol_now_ms();
-    dol_engine_params ep = {0};
-    ep.n_threads = m->threads;
-    ep.kv_block_size = cfg->kv_block_size;
-    ep.kv_cache_tokens = cfg->kv_cache_tokens;
-    ep.prefix_caching = cfg->prefix_caching;
-    ep.fast_prefill = !cfg->batch_invariant;
-    ep.kv_cache_bytes = cfg->kv_cache_bytes;
-    ep.kv_dtype = me->kv_cache_dtype;
-    ep.kv_dtype_k = me->kv_cache_dtype_k;
-    ep.kv_dtype_v = me->kv_cache_dtype_v;
-    ep.kv_memory_fraction = cfg->kv_cache_memory_fraction;
-    ep.max_seqs = cfg->max_batch_size + 1;
-    ep.max_batch_tokens = cfg->prefill_chunk + cfg->max_batch_size;
-    ep.context_len = me->context_len;
-    ep.weights = me->weights;
-    ep.quantize_lm_head = me->quantize_lm_head;
-    ep.activations = me->activations;
-    ep.backend = me->backend;
-    ep.gpu_memory_utilization = me->gpu_memory_utilization;
-    ep.n_devices = me->devices.n;
-    memcpy(ep.devices, me->devices.v, sizeof ep.devices);
-    ep.n_layer_split = me->layer_split.n;
-    memcpy(ep.layer_split, me->layer_split.v, sizeof ep.layer_split);
-    ep.gpu_layers_set = me->gpu_layers >= 0;
-    ep.gpu_layers = me->gpu_layers;
-    ep.no_host_spill = !me->allow_host_spill;
-    ep.weights_cache_dir = me->weights_cache_dir;
+    if (o->draft_model && load_draft(m, me, o, err, errlen, config_error) != 0) goto fail;
+    dol_engine_params ep;
+    engine_params(m, me, &ep);
     int erc = dol_engine_create(o->model, &ep, &o->engine, err, errlen);
     if (erc != 0) {
         if (erc == -2) *config_error = true;   /* a placement setting at fault: exit 2 */
@@ -420,10 +522,11 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
     sp.max_queue = cfg->max_queue;
     sp.memory_high_watermark = cfg->memory_high_watermark;
     sp.prefill_chunk = cfg->prefill_chunk;
-    sp.spec_mode = cfg->speculative_mode;
-    sp.spec_max_draft = cfg->speculative_max_draft;
-    sp.spec_ngram = cfg->speculative_ngram;
-    sp.spec_min_acceptance = cfg->speculative_min_acceptance;
+    sp.spec_mode = me->speculative_mode;
+    sp.spec_max_draft = me->speculative_max_draft;
+    sp.spec_ngram = me->speculative_ngram;
+    sp.spec_min_acceptance = me->speculative_min_acceptance;
+    sp.spec_draft = o->draft_engine;
     if (dol_scheduler_create(o->engine, o->tok, &sp, &o->sched, err, errlen) != 0) goto fail;
     /* the halves' names ("k=q8_0,v=f16") are quoted when they differ */
     const char *kvq = strchr(dol_engine_kv_dtype_name(o->engine), '=') ? "\"" : "";
@@ -614,7 +717,7 @@ static void *load_main(void *arg)
 
     /* a broken entry fails here, before anything is unloaded for it */
     int room = 0;
-    int rc = open_checkpoint(m, e->cfg, &o, err, sizeof err, &config_error);
+    int rc = open_checkpoint(m, e->cfg, true, &o, err, sizeof err, &config_error);
     if (rc == 0) {
         pthread_mutex_lock(&m->mu);
         e->making_room = true;

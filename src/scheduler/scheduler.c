@@ -41,6 +41,8 @@ typedef struct {
     int spec_pause;       /* steps left without proposing */
     int spec_fails;       /* failing rounds in a row: each doubles the pause */
     int round_prop, round_acc; /* this round's drafts proposed and accepted */
+    int dseq;             /* draft model: its sequence in the draft's engine, or -1 */
+    int d_past;           /* draft model: tokens whose K/V its cache holds */
 } seq_t;
 
 /* Scheduler-private part of a request. */
@@ -80,6 +82,10 @@ struct dol_scheduler {
     float *lp_scratch;
     dol_grammar_vocab *gv;    /* the vocabulary trie, built on the first grammar */
     uint64_t *mask;           /* one sequence's allowed tokens */
+    /* the draft model's step (spec_mode DRAFT), max_batch_size entries */
+    dol_batch_item *d_items;
+    int *d_who;               /* the step's item of each proposing sequence */
+    float *d_logits;          /* a row of vocab logits per proposing sequence */
 
     uint64_t n_steps, n_prompt_tokens, n_generated; /* copied into st */
     uint64_t n_prefix_query_tokens, n_prefix_hit_tokens;
@@ -296,6 +302,7 @@ static void slot_free(dol_scheduler *s, int i)
 {
     seq_t *q = &s->seqs[i];
     dol_engine_seq_free(s->e, q->seq);
+    if (q->dseq >= 0) dol_engine_seq_free(s->p.spec_draft, q->dseq);
     free(q->tokens);
     free(q->logits);
     free(q->plps);
@@ -355,6 +362,8 @@ static bool finish_choice(dol_scheduler *s, seq_t *q, dol_finish_reason why)
      * request retires (it is skipped while finished). */
     dol_engine_seq_free(s->e, q->seq);
     q->seq = -1;
+    if (q->dseq >= 0) dol_engine_seq_free(s->p.spec_draft, q->dseq);
+    q->dseq = -1;
     return false;
 }
 
@@ -378,6 +387,7 @@ static int slot_new(dol_scheduler *s, dol_request *r, int choice)
     q->r = r;
     q->choice = choice;
     q->seq = -1;
+    q->dseq = -1;
     q->cap = r->n_prompt + r->max_tokens + 1;
     q->tokens = malloc(sizeof(int32_t) * (size_t)q->cap);
     /* on a cache line: the CPU engine's threads each write a run of 16
@@ -599,7 +609,7 @@ static void spec_adapt(dol_scheduler *s, seq_t *q, int proposed, int accepted);
 static bool verify_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
 {
     dol_request *r = q->r;
-    const int d = q->n_draft;
+    const int d = q->n_draft, base = q->n_tokens;
     q->n_draft = 0;
     int accepted = 0;
     bool retired = false;
@@ -619,6 +629,8 @@ static bool verify_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
     r->spec_accepted += accepted;
     pthread_mutex_unlock(&r->mu);
     if (retired) return true;
+    /* the draft model's cache keeps the accepted drafts only */
+    if (q->dseq >= 0 && q->d_past > base + accepted) q->d_past = base + accepted;
     if (!q->finished) {
         spec_adapt(s, q, d, accepted);
         dol_engine_seq_commit(s->e, q->seq, q->tokens, q->n_past);
@@ -690,7 +702,9 @@ static void record_prompt_logprobs(dol_scheduler *s, seq_t *q, const dol_batch_i
 
 /* N-gram lookup: the latest earlier place where q's last n tokens occur
  * (n = spec_ngram, then shorter), in its prompt or output, and up to max_d
- * of the tokens that followed there, into q->draft. Returns how many. */
+ * of the tokens that followed there, into q->draft. Returns how many. When
+ * they run into the end of the tokens (a loop shorter than max_d), the
+ * drafts go on as the loop would: each repeats the token one period back. */
 static int propose_ngram(const dol_scheduler *s, seq_t *q, int max_d)
 {
     const int32_t *t = q->tokens;
@@ -701,12 +715,9 @@ static int propose_ngram(const dol_scheduler *s, seq_t *q, int max_d)
         for (int p = N - n - 1; p >= 0; p--) {
             if (t[p + n - 1] != suffix[n - 1] || memcmp(t + p, suffix, sizeof(int32_t) * (size_t)n) != 0)
                 continue;
-            int d = 0;
-            while (d < max_d && p + n + d < N) {
-                q->draft[d] = t[p + n + d];
-                d++;
-            }
-            return d;
+            const int avail = N - p - n;   /* the period of the loop, when it is one */
+            for (int d = 0; d < max_d; d++) q->draft[d] = d < avail ? t[p + n + d] : q->draft[d - avail];
+            return max_d;
         }
     }
     return 0;
@@ -729,28 +740,141 @@ static int speculate(dol_scheduler *s, seq_t *q, int budget)
     if (room < max_d) max_d = room;
     if (budget < max_d) max_d = budget;
     if (max_d <= 0) return 0;
+    if (s->p.spec_mode == DOL_SPEC_DRAFT) return max_d;  /* propose_draft fills them in */
     const int d = propose_ngram(s, q, max_d);
     memcpy(q->tokens + q->n_tokens, q->draft, sizeof(int32_t) * (size_t)d);
     return d;
 }
 
-/* A round of 16 proposed drafts below spec_min_acceptance pauses q's
- * proposals for 16 steps, doubling with each failing round in a row (at
- * most 1024); a round at or above it ends the pausing. */
+/* A round of 8 proposed drafts below spec_min_acceptance pauses q's
+ * proposals for 32 steps, four times longer with each failing round in a
+ * row (at most 1024); a round at or above it ends the pausing. Short
+ * rounds and long pauses keep what failing proposals cost (with a draft
+ * model, also its catching up after a pause) within a few per cent. */
 static void spec_adapt(dol_scheduler *s, seq_t *q, int proposed, int accepted)
 {
-    enum { ROUND = 16, MAX_PAUSE = 1024 };
+    enum { ROUND = 8, FIRST_PAUSE = 32, MAX_PAUSE = 1024 };
     q->round_prop += proposed;
     q->round_acc += accepted;
     if (q->round_prop < ROUND) return;
     if (q->round_acc < s->p.spec_min_acceptance * q->round_prop) {
-        int pause = ROUND << (q->spec_fails < 6 ? q->spec_fails : 6);
+        int pause = FIRST_PAUSE << 2 * (q->spec_fails < 3 ? q->spec_fails : 3);
         q->spec_pause = pause < MAX_PAUSE ? pause : MAX_PAUSE;
         q->spec_fails++;
     } else {
         q->spec_fails = 0;
     }
     q->round_prop = q->round_acc = 0;
+}
+
+/* A proposing item that gets no drafts after all: a plain decode. */
+static void drop_drafts(dol_scheduler *s, int k)
+{
+    seq_t *q = &s->seqs[s->item_slot[k]];
+    s->items[k].n_tokens -= q->n_draft;
+    s->items[k].n_logits = 1;
+    q->n_draft = 0;
+}
+
+static int32_t argmax(const float *row, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (row[i] > row[best]) best = i;
+    return best;
+}
+
+/* One forward call of the draft model over its m items, each row's argmax
+ * the next draft of its sequence. -1 (logged) when the call fails. */
+static int draft_forward(dol_scheduler *s, int m)
+{
+    char err[DOL_ERR_LEN];
+    if (dol_engine_forward(s->p.spec_draft, s->d_items, m, err, sizeof err) == 0) return 0;
+    dol_log(DOL_LOG_ERROR, "draft_forward_failed", "error=\"%s\"", err);
+    return -1;
+}
+
+/* Draft model: for every item that proposes (q->n_draft, its cap, set by
+ * speculate), bring the draft's cache of the sequence up to its tokens
+ * (in calls of at most the draft engine's batch), then run greedy steps,
+ * batched over the sequences, until each has its drafts, placed after its
+ * tokens. The drafts are one token for certain each (q = 1 on the draft),
+ * so verify_and_emit's test is speculative sampling's. A sequence the
+ * draft's pool cannot hold, or a failed call, proposes nothing. */
+static void propose_draft(dol_scheduler *s, int n_items)
+{
+    dol_engine *de = s->p.spec_draft;
+    const int limit = dol_engine_max_batch_tokens(de);
+    int n = 0;
+    for (int k = 0; k < n_items; k++) {
+        seq_t *q = &s->seqs[s->item_slot[k]];
+        if (q->n_draft == 0) continue;
+        if (q->dseq < 0) {
+            q->dseq = dol_engine_seq_new(de);
+            q->d_past = 0;
+        }
+        if (q->dseq < 0 || dol_engine_seq_reserve(de, q->dseq, q->n_tokens + q->n_draft - 1) != 0) {
+            drop_drafts(s, k);
+            continue;
+        }
+        s->d_who[n++] = k;
+    }
+    /* catch up: the tokens the draft has not seen, the last one's logits
+     * giving draft 0 */
+    for (bool more = true; more;) {
+        more = false;
+        int used = 0, m = 0;
+        for (int j = 0; j < n; j++) {
+            seq_t *q = &s->seqs[s->item_slot[s->d_who[j]]];
+            const int need = q->n_tokens - q->d_past;
+            int take = need < limit - used ? need : limit - used;
+            if (need <= 0) continue;
+            if (take < need) more = true;
+            if (take <= 0) continue;
+            s->d_items[m++] = (dol_batch_item){ .seq = q->dseq, .n_tokens = take, .tokens = q->tokens + q->d_past,
+                                                .start_pos = q->d_past, .n_logits = take == need,
+                                                .logits = s->d_logits + (size_t)j * (size_t)s->vocab };
+            used += take;
+        }
+        if (m > 0 && draft_forward(s, m) != 0) goto fail;
+        for (int j = 0, i = 0; j < n && i < m; j++) {
+            seq_t *q = &s->seqs[s->item_slot[s->d_who[j]]];
+            if (s->d_items[i].seq != q->dseq) continue;
+            q->d_past += s->d_items[i].n_tokens;
+            if (s->d_items[i++].n_logits) q->draft[0] = argmax(s->d_logits + (size_t)j * (size_t)s->vocab, s->vocab);
+        }
+    }
+    /* draft i follows draft i - 1, one token per sequence a call */
+    for (int i = 1;; i++) {
+        int m = 0;
+        for (int j = 0; j < n; j++) {
+            seq_t *q = &s->seqs[s->item_slot[s->d_who[j]]];
+            if (q->n_draft <= i) continue;
+            s->d_items[m++] = (dol_batch_item){ .seq = q->dseq, .n_tokens = 1, .tokens = &q->draft[i - 1],
+                                                .start_pos = q->d_past, .n_logits = 1,
+                                                .logits = s->d_logits + (size_t)j * (size_t)s->vocab };
+        }
+        if (m == 0) break;
+        if (draft_forward(s, m) != 0) goto fail;
+        for (int j = 0; j < n; j++) {
+            seq_t *q = &s->seqs[s->item_slot[s->d_who[j]]];
+            if (q->n_draft <= i) continue;
+            q->d_past++;
+            q->draft[i] = argmax(s->d_logits + (size_t)j * (size_t)s->vocab, s->vocab);
+        }
+    }
+    for (int j = 0; j < n; j++) {
+        seq_t *q = &s->seqs[s->item_slot[s->d_who[j]]];
+        memcpy(q->tokens + q->n_tokens, q->draft, sizeof(int32_t) * (size_t)q->n_draft);
+    }
+    return;
+fail:
+    /* what the draft's cache holds is unknown: it starts again */
+    for (int j = 0; j < n; j++) {
+        seq_t *q = &s->seqs[s->item_slot[s->d_who[j]]];
+        q->d_past = 0;
+        drop_drafts(s, s->d_who[j]);
+    }
 }
 
 /* Prompt tokens of an echo-with-logprobs sequence per step: each needs a
@@ -906,6 +1030,7 @@ static void deliver(dol_scheduler *s, int n_items, int n_touched)
 static void run_step(dol_scheduler *s)
 {
     int n_items = build_batch(s);
+    if (s->p.spec_mode == DOL_SPEC_DRAFT) propose_draft(s, n_items);
     if (n_items == 0 || forward(s, n_items) != 0) return;
     commit(s, n_items);
     int n_touched = sample(s, n_items);
@@ -1100,6 +1225,9 @@ static void free_buffers(dol_scheduler *s)
     free(s->lp_scratch);
     dol_grammar_vocab_free(s->gv);
     free(s->mask);
+    free(s->d_items);
+    free(s->d_who);
+    free(s->d_logits);
 }
 
 int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
@@ -1112,11 +1240,13 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     s->tok = tok;
     s->p = *p;
     if (p->spec_mode != DOL_SPEC_OFF &&
-        (p->spec_mode != DOL_SPEC_NGRAM || p->spec_max_draft < 1 || p->spec_max_draft > DOL_SPEC_MAX_DRAFT ||
+        ((p->spec_mode != DOL_SPEC_NGRAM && p->spec_mode != DOL_SPEC_DRAFT) ||
+         (p->spec_mode == DOL_SPEC_DRAFT) != (p->spec_draft != NULL) || p->spec_max_draft < 1 || p->spec_max_draft > DOL_SPEC_MAX_DRAFT ||
          p->spec_ngram < 1 || p->spec_ngram > DOL_SPEC_MAX_NGRAM ||
          !(p->spec_min_acceptance >= 0 && p->spec_min_acceptance <= 1))) {
         dol_set_err(err, errlen, "scheduler: a speculative decoding parameter is out of range (mode %d, "
-                    "max_draft %d of 1..%d, ngram %d of 1..%d, min_acceptance %g of 0..1)", (int)p->spec_mode,
+                    "draft engine %s, max_draft %d of 1..%d, ngram %d of 1..%d, min_acceptance %g of 0..1)",
+                    (int)p->spec_mode, p->spec_draft ? "given" : "none",
                     p->spec_max_draft, DOL_SPEC_MAX_DRAFT, p->spec_ngram, DOL_SPEC_MAX_NGRAM,
                     p->spec_min_acceptance);
         free(s);
@@ -1143,6 +1273,20 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     s->touched = calloc(b, sizeof *s->touched);
     s->sampler = dol_sampler_new(s->vocab);
     s->lp_scratch = malloc(sizeof(float) * (size_t)s->vocab);
+    if (p->spec_mode == DOL_SPEC_DRAFT) {
+        if (dol_engine_vocab_size(p->spec_draft) != s->vocab) {
+            dol_set_err(err, errlen, "scheduler: the draft model's vocabulary (%d) is not the model's (%d)",
+                        dol_engine_vocab_size(p->spec_draft), s->vocab);
+            goto fail;
+        }
+        s->d_items = calloc(b, sizeof *s->d_items);
+        s->d_who = calloc(b, sizeof *s->d_who);
+        s->d_logits = malloc(sizeof(float) * b * (size_t)s->vocab);
+        if (!s->d_items || !s->d_who || !s->d_logits) {
+            dol_set_err(err, errlen, "scheduler: out of memory");
+            goto fail;
+        }
+    }
     if (!s->items || !s->item_slot || !s->item_rows || !s->step_reqs || !s->touched ||
         !s->sampler || !s->lp_scratch) {
         dol_set_err(err, errlen, "scheduler: out of memory");

@@ -1,10 +1,12 @@
 """Speculative decoding through the server (docs/speculative.md): with
-speculative_mode ngram every answer is the one without it (greedy and
+speculative_mode ngram, and with draft (stories260K drafted by its own GGUF
+file), every answer is the one without it (greedy and
 sampled, whole and streamed, stop strings and max_tokens inside an accepted
 run, logprobs, n > 1, structured output, usage); 2,000 sampled first tokens
 agree with the plain server's in a chi-square test; a request can opt out;
 /metrics and the request log line give proposed / accepted / acceptance;
-the YAML mapping form, and bad settings exit 2 naming the key.
+the YAML mapping form, and bad settings exit 2 naming the key; a draft
+model with another vocabulary, or none in models:, exits 2 at start.
 
 The arithmetic on every fixture and GGUF file with max_draft 1..8, alone and
 in a batch, is tests/unit/test_speculative.c."""
@@ -15,7 +17,7 @@ import pytest
 import requests
 from scipy.stats import chi2_contingency
 
-from dolphin_server import BIN, Dolphind, check_error, model_dir, parse_sse
+from dolphin_server import BIN, Dolphind, check_error, gguf_file, model_dir, parse_sse
 
 # max_batch_size 16: eight sequences fill the batch only halfway, so
 # speculation stays on for n = 8
@@ -23,10 +25,23 @@ ARGS = ["--max-batch-size", "16"]
 REPEATS = "The cat sat on the mat. The cat sat on the mat. The cat sat on the"
 
 
-@pytest.fixture(scope="module")
-def pair():
-    spec = Dolphind("stories260K", [*ARGS, "--speculative-mode", "ngram", "--speculative-max-draft", "6"],
-                    threads=1)
+def _draft_config(path, target, draft, extra=""):
+    """A models list: `target` (named target) drafted by `draft` (named draft)."""
+    path.write_text(f"speculative: {{mode: draft, draft_model: draft{extra}}}\nmodels:\n"
+                    f"  - {{name: target, path: '{target}'}}\n  - {{name: draft, path: '{draft}'}}\n")
+    return path
+
+
+@pytest.fixture(scope="module", params=["ngram", "draft"])
+def pair(request, tmp_path_factory):
+    if request.param == "ngram":
+        spec = Dolphind("stories260K", [*ARGS, "--speculative-mode", "ngram", "--speculative-max-draft", "6"],
+                        threads=1)
+    else:
+        cfg = _draft_config(tmp_path_factory.mktemp("draft") / "dolphin.yaml", model_dir("stories260K"),
+                            gguf_file("stories260K-F32.gguf"), ", max_draft: 6")
+        spec = Dolphind(None, [*ARGS, "--config", cfg], threads=1)
+        spec.model = "target"
     plain = Dolphind("stories260K", ARGS, threads=1)
     yield spec, plain
     spec.stop()
@@ -36,7 +51,7 @@ def pair():
 def _strip(body):
     """A response without what differs between two servers by design."""
     body = dict(body)
-    for k in ("id", "created", "system_fingerprint"):
+    for k in ("id", "created", "system_fingerprint", "model"):
         body.pop(k, None)
     return body
 
@@ -203,3 +218,45 @@ def test_bad_settings_exit_2(tmp_path, yaml_text, flags, want):
     p = _exit(["--config", cfg, *flags])
     assert p.returncode == 2, p.stderr
     assert want in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_draft_with_another_vocabulary_refused(tmp_path):
+    """tiny-llama2 (32,000 pieces) cannot draft for stories260K (512): the
+    start fails with exit 2, one line naming both models."""
+    cfg = _draft_config(tmp_path / "dolphin.yaml", model_dir("stories260K"), model_dir("tiny-llama2"))
+    p = _exit(["--config", cfg])
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "'target'" in last and "'draft'" in last and "vocabulary" in last, p.stderr
+
+
+@pytest.mark.parametrize("yaml_text,want", [
+    ("speculative: {mode: draft}\nmodel: {m}\n", "speculative.draft_model: missing"),
+    ("speculative: {mode: draft, draft_model: nope}\nmodel: {m}\n", "'nope' is no entry of models"),
+    ("models:\n  - {name: a, path: {m}, speculative: {mode: draft, draft_model: a}}\n",
+     "models[0] 'a'.speculative.draft_model: 'a' is this model itself"),
+    ("models:\n  - {name: a, path: {m}, speculative: {mode: draft, draft: b}}\n",
+     "models[0] 'a'.speculative.draft: unknown key"),
+])
+def test_bad_draft_settings_exit_2(tmp_path, yaml_text, want):
+    cfg = tmp_path / "dolphin.yaml"
+    cfg.write_text(yaml_text.replace("{m}", f"'{model_dir('stories260K')}'"))
+    p = _exit(["--config", cfg])
+    assert p.returncode == 2, p.stderr
+    assert want in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_draft_set_per_model_and_not_for_itself(tmp_path):
+    """A top-level draft setting applies to every other entry, not to the
+    draft itself; the draft entry still serves requests of its own."""
+    cfg = _draft_config(tmp_path / "dolphin.yaml", model_dir("stories260K"), gguf_file("stories260K-F32.gguf"))
+    d = Dolphind(None, ["--config", cfg], threads=1)
+    try:
+        for name, spec in (("target", True), ("draft", False)):
+            r = d.complete({"model": name, "prompt": REPEATS, "max_tokens": 32, "temperature": 0})
+            assert r.status_code == 200, r.text
+            f = _spec_fields(d, r.headers["X-Request-Id"])
+            assert (int(f.get("spec_proposed", 0)) > 0) == spec, (name, f)
+        assert "event=draft_model_loaded model=target draft_model=draft" in d.log()
+    finally:
+        d.stop()

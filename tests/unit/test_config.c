@@ -30,7 +30,7 @@ static const char *const KEYS[] = {
     "max_tokens", "batch_window_ms", "max_batch_size", "batch_mode", "max_queue",
     "request_timeout_s", "memory_high_watermark", "kv_cache_tokens",
     "kv_cache_bytes", "kv_block_size", "prefix_caching", "prefill_chunk", "speculative_mode",
-    "speculative_max_draft", "speculative_ngram", "speculative_min_acceptance", "api_keys",
+    "speculative_draft_model", "speculative_max_draft", "speculative_ngram", "speculative_min_acceptance", "api_keys",
     "default_priority", "drain_timeout_s", "vram_unready_ratio",
     "vram_unready_after_s", "log_level", "warmup", "max_loaded_models", "memory_budget_bytes",
     "load_timeout_s", "load_retry_s", "weights_cache_dir",
@@ -1030,11 +1030,74 @@ static void test_models_bad(void **state)
     assert_contains(err, "flag --models: a list: set it in the config file");
 }
 
+/* Speculative settings per entry: the top level's reach every entry that
+ * leaves them out, a top-level draft model is not its own draft, an entry
+ * sets its own (flat keys or the mapping); draft_model is resolved to an
+ * entry index (name or alias); bad ones are one line naming the entry. */
+static void test_models_speculative(void **state)
+{
+    (void)state;
+    char err[DOL_ERR_LEN];
+    dol_config c;
+    dol_config_defaults(&c);
+    int rc = dol_config_load_yaml(&c, yaml(
+        "speculative: {mode: draft, draft_model: tiny, max_draft: 6}\n"
+        "models:\n"
+        "  - {name: big, path: /m/big}\n"
+        "  - {name: small, path: /m/small, aliases: [tiny]}\n"
+        "  - name: other\n"
+        "    path: /m/other\n"
+        "    speculative: {mode: ngram, ngram: 2}\n"
+        "  - {name: flat, path: /m/flat, speculative_mode: draft, speculative_draft_model: big}\n"), err, sizeof err);
+    if (rc) print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+    assert_int_equal(c.models[0].speculative_mode, DOL_SPEC_DRAFT);
+    assert_int_equal(c.models[0].draft_index, 1);
+    assert_int_equal(c.models[0].speculative_max_draft, 6);
+    assert_int_equal(c.models[1].speculative_mode, DOL_SPEC_OFF);   /* not its own draft */
+    assert_int_equal(c.models[1].draft_index, -1);
+    assert_int_equal(c.models[2].speculative_mode, DOL_SPEC_NGRAM);
+    assert_int_equal(c.models[2].speculative_ngram, 2);
+    assert_int_equal(c.models[2].speculative_max_draft, 6);          /* inherited */
+    assert_int_equal(c.models[3].draft_index, 0);
+    /* a flag reaches the entries that leave the key out */
+    assert_int_equal(parse_args(&c, err, ARGS("--config", g_yaml, "--speculative-max-draft", "3")), 0);
+    assert_int_equal(c.models[0].speculative_max_draft, 3);
+
+    static const struct { const char *text, *want; } bad[] = {
+        {"speculative: {mode: draft}\nmodel: /m/a\n", "field speculative.draft_model: missing"},
+        {"speculative: {mode: draft, draft_model: b}\nmodel: /m/a\n",
+         "field speculative.draft_model: 'b' is no entry of models: (a)"},
+        {"models:\n  - {name: a, path: /p, speculative: {mode: draft, draft_model: a}}\n",
+         "field models[0] 'a'.speculative.draft_model: 'a' is this model itself"},
+        {"models:\n  - {name: a, path: /p, speculative: {mode: draft, draft_model: zz}}\n",
+         "field models[0] 'a'.speculative.draft_model: 'zz' is no entry of models: (a)"},
+        {"models:\n  - {name: a, path: /p, speculative: {mode: draft}}\n",
+         "field models[0] 'a'.speculative.draft_model: missing"},
+        {"models:\n  - {name: a, path: /p, speculative: {modes: ngram}}\n",
+         ":2: field models[0] 'a'.speculative.modes: unknown key"},
+        {"models:\n  - {name: a, path: /p, speculative: {max_draft: 99}}\n",
+         ":2: field models[0] 'a'.speculative.max_draft: "},
+        {"models:\n  - {name: a, path: /p, speculative_mode: ngram, speculative: {mode: off}}\n",
+         ":2: field models[0] 'a'.speculative.mode: set twice"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dol_config_defaults(&c);
+        err[0] = '\0';
+        if (dol_config_load_yaml(&c, yaml(bad[i].text), err, sizeof err) == 0) {
+            print_error("case %zu accepted: %s\n", i, bad[i].text);
+            fail();
+        }
+        assert_contains(err, bad[i].want);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_default_file),
+        cmocka_unit_test(test_models_speculative),
         cmocka_unit_test(test_docs_cover_every_key),
         cmocka_unit_test(test_yaml_good),
         cmocka_unit_test(test_placement_lists),
