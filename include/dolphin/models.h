@@ -47,7 +47,10 @@ typedef struct dol_models dol_models;
 int dol_models_create(const dol_config *cfg, int threads, dol_models **out, char *err,
                       size_t errlen);
 /* Start loading the start-up models: the pinned ones, or the first entry
- * when none is pinned. */
+ * when none is pinned. First, every other model with a speculative draft
+ * model has both checkpoints opened (memory-mapped) and their vocabularies
+ * compared; a mismatch starts nothing and dol_models_startup reports it as
+ * a setting at fault. Blocks for those checks. */
 void dol_models_start(dol_models *m);
 /* The start-up models: 1 all loaded, 0 still loading, -1 one failed (err
  * says why; *config_error when a setting is at fault rather than the

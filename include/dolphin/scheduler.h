@@ -198,7 +198,7 @@ typedef struct {
      * them. A sequence whose proposals are accepted less than
      * spec_min_acceptance ([0, 1]) of the time pauses proposing, longer
      * after each failing round. Only while at most half of max_batch_size
-     * sequences decode. DRAFT: the proposals are the greedy tokens of a
+     * sequences (or one) decode. DRAFT: the proposals are the greedy tokens of a
      * second model, spec_draft, run over the sequence's tokens with its own
      * KV cache (spec_ngram unused). OFF (0, the zero value): none. */
     dol_spec_mode spec_mode;

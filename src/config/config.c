@@ -937,8 +937,14 @@ static int load_models(dol_config *c, yaml_document_t *doc, yaml_node_t *val,
             yaml_node_t *v = yaml_document_get_node(doc, p->value);
             const char *kname = k->type == YAML_SCALAR_NODE && !has_nul(k)
                                     ? (const char *)k->data.scalar.value : "?";
-            if (strcmp(kname, "speculative") == 0 && v->type == YAML_MAPPING_NODE) {
+            if (strcmp(kname, "speculative") == 0) {
                 /* the speculative_* keys as one mapping */
+                if (v->type != YAML_MAPPING_NODE) {
+                    dol_set_err(err, errlen, "%s:%zu: field %s.speculative: expected a mapping {mode: ..., "
+                                "draft_model: ..., ...}, got %s", path, line_of(v), label,
+                                is_null(v) ? "nothing" : node_kind(v));
+                    return -1;
+                }
                 if (entry_group(e, doc, v, path, label, err, errlen) < 0) return -1;
                 continue;
             }
@@ -1037,9 +1043,18 @@ static int resolve_drafts(dol_config *c, char *err, size_t errlen)
         dol_model_entry *e = &c->models[i];
         char label[DOL_MODEL_NAME_LEN + 32], names[512];
         e->draft_index = -1;
-        if (e->speculative_mode != DOL_SPEC_DRAFT) continue;
         const bool own = e->set_mask & (1u << fm | 1u << fd);
         entry_label(e, i, label, sizeof label);
+        if (e->speculative_mode != DOL_SPEC_DRAFT) {
+            int who;   /* a draft_model set for later still names an entry */
+            if (e->speculative_draft_model[0] &&
+                !id_taken(c->models, c->n_models, -1, e->speculative_draft_model, &who)) {
+                dol_set_err(err, errlen, "field %sspeculative.draft_model: '%s' is no entry of models:",
+                            own ? strcat(label, ".") : "", e->speculative_draft_model);
+                return -1;
+            }
+            continue;
+        }
         if (!e->speculative_draft_model[0]) {
             dol_set_err(err, errlen, "field %sspeculative.draft_model: missing (mode draft proposes with "
                         "another entry of models:, named here)", own ? strcat(label, ".") : "");
@@ -1187,8 +1202,13 @@ static int apply_document(dol_config *c, yaml_document_t *doc, const char *path,
             return -1;
         }
         const field *f = find_by_key(name);
-        if (!f && v->type == YAML_MAPPING_NODE && strcmp(name, "speculative") == 0) {
+        if (!f && strcmp(name, "speculative") == 0) {
             /* the speculative_* keys as one mapping */
+            if (v->type != YAML_MAPPING_NODE) {
+                dol_set_err(err, errlen, "%s:%zu: field speculative: expected a mapping {mode: ..., "
+                            "draft_model: ..., ...}, got %s", path, line_of(v), is_null(v) ? "nothing" : node_kind(v));
+                return -1;
+            }
             if (apply_group(c, doc, v, name, path, seen, err, errlen) < 0) return -1;
             continue;
         }

@@ -86,6 +86,7 @@ struct dol_models {
     bool draining;
     atomic_bool stopping;
     atomic_int warming;          /* start-up models in their warm-up */
+    char draft_err[DOL_ERR_LEN]; /* a draft model of another vocabulary, found at start */
 };
 
 const char *dol_model_state_name(dol_model_state s)
@@ -472,6 +473,7 @@ static int load_draft(dol_models *m, const dol_model_entry *me, objects *o, char
     if (me->context_len > 0 && me->context_len < ctx) ctx = me->context_len;
     if (ctx > o->draft_model->cfg.max_position_embeddings)
         ctx = o->draft_model->cfg.max_position_embeddings;  /* longer sequences do not propose */
+    if (de->context_len > 0 && de->context_len < ctx) ctx = de->context_len;
     ep.context_len = ctx;
     ep.kv_cache_tokens = (int64_t)ep.max_seqs * ctx;
     if (m->cfg->kv_cache_tokens > 0 && m->cfg->kv_cache_tokens < ep.kv_cache_tokens)
@@ -875,8 +877,34 @@ int dol_models_create(const dol_config *cfg, int threads, dol_models **out, char
     return 0;
 }
 
+/* Models that load later are checked against their draft models' vocabulary
+ * now, so that the start fails (exit 2) rather than each load: both
+ * checkpoints opened (memory-mapped, validated), the tokenizers compared.
+ * One that cannot be opened is left to its load to report. */
+static void check_drafts_at_start(dol_models *m)
+{
+    for (int i = 0; i < m->n && !m->draft_err[0]; i++) {
+        const dol_model_entry *me = m->e[i].cfg;
+        if (m->e[i].startup || me->speculative_mode != DOL_SPEC_DRAFT || me->draft_index < 0) continue;
+        const dol_model_entry *de = &m->cfg->models[me->draft_index];
+        objects a, b;
+        char err[DOL_ERR_LEN];
+        bool cfg_err = false;
+        if (open_checkpoint(m, me, false, &a, err, sizeof err, &cfg_err) != 0) continue;
+        if (open_checkpoint(m, de, false, &b, err, sizeof err, &cfg_err) == 0) {
+            a.draft_model = b.model;
+            a.draft_tok = b.tok;
+            if (check_same_vocab(me, &a, de, err, sizeof err) != 0)
+                snprintf(m->draft_err, sizeof m->draft_err, "%s", err);
+        }
+        objects_free(&a);
+    }
+}
+
 void dol_models_start(dol_models *m)
 {
+    check_drafts_at_start(m);
+    if (m->draft_err[0]) return;   /* dol_models_startup reports it */
     pthread_mutex_lock(&m->mu);
     for (int i = 0; i < m->n; i++)
         if (m->e[i].startup && m->e[i].state == DOL_MODEL_UNLOADED) start_load(m, i);
@@ -886,6 +914,11 @@ void dol_models_start(dol_models *m)
 int dol_models_startup(dol_models *m, char *err, size_t errlen, bool *config_error)
 {
     int rc = 1;
+    if (m->draft_err[0]) {
+        dol_set_err(err, errlen, "%s", m->draft_err);
+        *config_error = true;
+        return -1;
+    }
     pthread_mutex_lock(&m->mu);
     for (int i = 0; i < m->n && rc >= 0; i++) {
         entry *e = &m->e[i];

@@ -613,21 +613,24 @@ static bool verify_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
     q->n_draft = 0;
     int accepted = 0;
     bool retired = false;
+    /* every draft counts as proposed, also those after a rejection or past
+     * the end of the choice; the request's counts are in before the emit
+     * that may complete it (its log line reads them) */
+    s->n_spec_proposed += (uint64_t)d;
+    pthread_mutex_lock(&r->mu);
+    r->spec_proposed += d;
+    pthread_mutex_unlock(&r->mu);
     for (int j = 0;; j++) {
         if (j > 0) memcpy(q->logits, q->logits + (size_t)j * (size_t)s->vocab, sizeof(float) * (size_t)s->vocab);
         retired = sample_and_emit(s, q, touched);
         if (retired || q->finished || j == d || q->tokens[q->n_tokens - 1] != q->draft[j]) break;
         accepted++;
         q->n_past++;
+        s->n_spec_accepted++;
+        pthread_mutex_lock(&r->mu);
+        r->spec_accepted++;
+        pthread_mutex_unlock(&r->mu);
     }
-    /* every draft counts as proposed, also those after a rejection or past
-     * the end of the choice */
-    s->n_spec_proposed += (uint64_t)d;
-    s->n_spec_accepted += (uint64_t)accepted;
-    pthread_mutex_lock(&r->mu);
-    r->spec_proposed += d;
-    r->spec_accepted += accepted;
-    pthread_mutex_unlock(&r->mu);
     if (retired) return true;
     /* the draft model's cache keeps the accepted drafts only */
     if (q->dseq >= 0 && q->d_past > base + accepted) q->d_past = base + accepted;
@@ -900,9 +903,10 @@ static int build_batch(dol_scheduler *s)
         if (q->n_past < q->r->n_prompt) hold_decodes |= s->p.mode == DOL_BATCH_STATIC;
         else n_decoding++;
     }
-    /* speculation only while the batch is at most half full: beyond, the
-     * drafts' rows would take compute the other sequences need */
-    const bool spec_ok = s->p.spec_mode != DOL_SPEC_OFF && 2 * n_decoding <= s->p.max_batch_size;
+    /* speculation only while the batch is at most half full (or one
+     * sequence decodes): beyond, the drafts' rows would take compute the
+     * other sequences need */
+    const bool spec_ok = s->p.spec_mode != DOL_SPEC_OFF && (n_decoding <= 1 || 2 * n_decoding <= s->p.max_batch_size);
     for (int pass = hold_decodes ? 1 : 0; pass < 2; pass++) {
         for (int i = 0; i < s->n_slots && n_items < s->p.max_batch_size; i++) {
             seq_t *q = &s->seqs[i];

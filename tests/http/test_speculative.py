@@ -12,6 +12,7 @@ The arithmetic on every fixture and GGUF file with max_draft 1..8, alone and
 in a batch, is tests/unit/test_speculative.c."""
 import re
 import subprocess
+import time
 
 import pytest
 import requests
@@ -66,7 +67,14 @@ def _both(pair, body, path="/v1/completions"):
 
 
 def _spec_fields(d, request_id):
-    line = [ln for ln in d.log().splitlines() if "event=request " in ln and request_id in ln]
+    """The spec_* fields of the request's log line (written as the answer
+    ends: waited for up to 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        line = [ln for ln in d.log().splitlines() if "event=request " in ln and request_id in ln]
+        if line or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert line, d.log()[-2000:]
     return dict(re.findall(r"(spec_\w+)=(\S+)", line[-1]))
 
@@ -86,11 +94,23 @@ def test_whole_answers_equal(pair, extra):
     assert _strip(rs.json()) == _strip(rp.json())
 
 
+def _spec_metrics(d):
+    m = requests.get(d.url + "/metrics", timeout=30).text
+    lab = re.escape(f'{{model="{d.model}"}}')
+    return tuple(float(re.search(r"^dolphin_spec_" + k + lab + r" (\S+)$", m, re.M)[1])
+                 for k in ("proposed_tokens_total", "accepted_tokens_total"))
+
+
 def test_proposals_accepted_and_reported(pair):
     spec, _ = pair
-    rs, rp = _both(pair, {"prompt": REPEATS, "max_tokens": 64, "temperature": 0})
-    assert _strip(rs.json()) == _strip(rp.json())
-    f = _spec_fields(spec, rs.headers["X-Request-Id"])
+    for max_tokens in (50, 23, 64):   # the last step's drafts capped by max_tokens
+        before = _spec_metrics(spec)
+        rs, rp = _both(pair, {"prompt": REPEATS, "max_tokens": max_tokens, "temperature": 0})
+        after = _spec_metrics(spec)
+        assert _strip(rs.json()) == _strip(rp.json())
+        f = _spec_fields(spec, rs.headers["X-Request-Id"])
+        # the log line counts every draft of the request, the last step's too
+        assert (int(f["spec_proposed"]), int(f["spec_accepted"])) == (after[0] - before[0], after[1] - before[1])
     proposed, accepted = int(f["spec_proposed"]), int(f["spec_accepted"])
     assert 0 < accepted <= proposed
     assert float(f["spec_acceptance"]) == pytest.approx(accepted / proposed, abs=1e-3)
@@ -221,13 +241,19 @@ def test_bad_settings_exit_2(tmp_path, yaml_text, flags, want):
 
 
 def test_draft_with_another_vocabulary_refused(tmp_path):
-    """tiny-llama2 (32,000 pieces) cannot draft for stories260K (512): the
-    start fails with exit 2, one line naming both models."""
+    """tiny-llama2 (32,000 pieces) cannot draft for stories260K (512), nor
+    the other way round: the start fails with exit 2, one line naming both
+    models, also when the model is not one loaded at start."""
     cfg = _draft_config(tmp_path / "dolphin.yaml", model_dir("stories260K"), model_dir("tiny-llama2"))
-    p = _exit(["--config", cfg])
-    assert p.returncode == 2, p.stderr
-    last = p.stderr.strip().splitlines()[-1]
-    assert "'target'" in last and "'draft'" in last and "vocabulary" in last, p.stderr
+    later = tmp_path / "later.yaml"
+    later.write_text(f"models:\n  - {{name: first, path: '{model_dir('stories260K')}'}}\n"
+                     f"  - name: target\n    path: '{model_dir('tiny-llama2')}'\n"
+                     "    speculative: {mode: draft, draft_model: first}\n")
+    for c, draft in ((cfg, "'draft'"), (later, "'first'")):
+        p = _exit(["--config", c])
+        assert p.returncode == 2, p.stderr
+        last = p.stderr.strip().splitlines()[-1]
+        assert "'target'" in last and draft in last and "vocabulary" in last, p.stderr
 
 
 @pytest.mark.parametrize("yaml_text,want", [
@@ -237,6 +263,9 @@ def test_draft_with_another_vocabulary_refused(tmp_path):
      "models[0] 'a'.speculative.draft_model: 'a' is this model itself"),
     ("models:\n  - {name: a, path: {m}, speculative: {mode: draft, draft: b}}\n",
      "models[0] 'a'.speculative.draft: unknown key"),
+    ("models:\n  - {name: a, path: {m}, speculative: draft}\n", "models[0] 'a'.speculative: expected a mapping"),
+    ("speculative: draft\nmodel: {m}\n", "field speculative: expected a mapping"),
+    ("speculative: {mode: off, draft_model: nope}\nmodel: {m}\n", "'nope' is no entry of models"),
 ])
 def test_bad_draft_settings_exit_2(tmp_path, yaml_text, want):
     cfg = tmp_path / "dolphin.yaml"
@@ -244,6 +273,22 @@ def test_bad_draft_settings_exit_2(tmp_path, yaml_text, want):
     p = _exit(["--config", cfg])
     assert p.returncode == 2, p.stderr
     assert want in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_one_sequence_speculates_at_max_batch_size_1(tmp_path):
+    """A batch of one is full, but nobody else needs the compute: the one
+    decoding sequence proposes, and the answer is the plain one."""
+    body = {"prompt": REPEATS, "max_tokens": 48, "temperature": 0}
+    d = Dolphind("stories260K", ["--max-batch-size", "1", "--speculative-mode", "ngram"], threads=1)
+    plain = Dolphind("stories260K", ["--max-batch-size", "1"], threads=1)
+    try:
+        r = d.complete({"model": d.model, **body})
+        assert r.status_code == 200, r.text
+        assert int(_spec_fields(d, r.headers["X-Request-Id"])["spec_proposed"]) > 0
+        assert _strip(r.json()) == _strip(plain.complete({"model": plain.model, **body}).json())
+    finally:
+        d.stop()
+        plain.stop()
 
 
 def test_draft_set_per_model_and_not_for_itself(tmp_path):

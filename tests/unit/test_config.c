@@ -1080,6 +1080,11 @@ static void test_models_speculative(void **state)
          ":2: field models[0] 'a'.speculative.max_draft: "},
         {"models:\n  - {name: a, path: /p, speculative_mode: ngram, speculative: {mode: off}}\n",
          ":2: field models[0] 'a'.speculative.mode: set twice"},
+        {"models:\n  - {name: a, path: /p, speculative: draft}\n",
+         ":2: field models[0] 'a'.speculative: expected a mapping"},
+        {"speculative: [ngram]\nmodel: /m/a\n", ":1: field speculative: expected a mapping"},
+        {"speculative: {mode: ngram, draft_model: b}\nmodel: /m/a\n",
+         "field speculative.draft_model: 'b' is no entry of models:"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         dol_config_defaults(&c);
