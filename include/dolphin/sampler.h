@@ -49,6 +49,10 @@ void dol_sampler_apply_penalties(dol_sampler *s, const dol_sampling_params *p,
                                  float *logits, const int32_t *hist,
                                  int n_hist, int n_prompt);
 
+/* The index of the largest of x[0..n) (n >= 1), the lowest on a tie: the
+ * greedy token. Any thread. */
+int32_t dol_sampler_argmax(const float *x, int n);
+
 /* Pick a token from (penalised) logits[vocab]: argmax when temperature == 0,
  * else softmax(logits / T) filtered by top-k, top-p, min-p and drawn with
  * `rng`. Does not modify logits. Deterministic for a given rng state. */

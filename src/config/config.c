@@ -1041,23 +1041,25 @@ static int resolve_drafts(dol_config *c, char *err, size_t errlen)
     while (strcmp(MODEL_FIELDS[fd].name, "speculative_draft_model") != 0) fd++;
     for (int i = 0; i < c->n_models; i++) {
         dol_model_entry *e = &c->models[i];
-        char label[DOL_MODEL_NAME_LEN + 32], names[512];
+        char label[DOL_MODEL_NAME_LEN + 32], names[512], where[DOL_MODEL_NAME_LEN + 40];
         e->draft_index = -1;
         const bool own = e->set_mask & (1u << fm | 1u << fd);
         entry_label(e, i, label, sizeof label);
+        /* the entry's own setting is named by the entry, an inherited one by the top level's */
+        snprintf(where, sizeof where, "%s%s", own ? label : "", own ? "." : "");
         if (e->speculative_mode != DOL_SPEC_DRAFT) {
             int who;   /* a draft_model set for later still names an entry */
             if (e->speculative_draft_model[0] &&
                 !id_taken(c->models, c->n_models, -1, e->speculative_draft_model, &who)) {
                 dol_set_err(err, errlen, "field %sspeculative.draft_model: '%s' is no entry of models:",
-                            own ? strcat(label, ".") : "", e->speculative_draft_model);
+                            where, e->speculative_draft_model);
                 return -1;
             }
             continue;
         }
         if (!e->speculative_draft_model[0]) {
             dol_set_err(err, errlen, "field %sspeculative.draft_model: missing (mode draft proposes with "
-                        "another entry of models:, named here)", own ? strcat(label, ".") : "");
+                        "another entry of models:, named here)", where);
             return -1;
         }
         int who = -1;
@@ -1067,7 +1069,7 @@ static int resolve_drafts(dol_config *c, char *err, size_t errlen)
             for (int k = 0; k < c->n_models && o < sizeof names; k++)
                 o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", k ? ", " : "", c->models[k].name);
             dol_set_err(err, errlen, "field %sspeculative.draft_model: '%s' is no entry of models: (%s)",
-                        own ? strcat(label, ".") : "", e->speculative_draft_model, names);
+                        where, e->speculative_draft_model, names);
             return -1;
         }
         if (who == i && !own) {   /* the top level's draft: not for itself */

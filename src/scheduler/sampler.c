@@ -113,7 +113,7 @@ void dol_sampler_apply_penalties(dol_sampler *s, const dol_sampling_params *p,
     }
 }
 
-static int32_t argmax(const float *x, int n)
+int32_t dol_sampler_argmax(const float *x, int n)
 {
     int32_t best = 0;
     for (int i = 1; i < n; i++)
@@ -133,10 +133,10 @@ int32_t dol_sampler_pick(dol_sampler *s, const dol_sampling_params *p,
                          const float *logits, dol_rng *rng)
 {
     int n = s->vocab;
-    if (p->temperature <= 0.0f) return argmax(logits, n);
+    if (p->temperature <= 0.0f) return dol_sampler_argmax(logits, n);
 
     /* softmax(logits / T) */
-    float maxl = logits[argmax(logits, n)];
+    float maxl = logits[dol_sampler_argmax(logits, n)];
     double sum = 0.0;
     int m = 0;
     for (int i = 0; i < n; i++) {
@@ -191,7 +191,7 @@ int32_t dol_sampler_pick(dol_sampler *s, const dol_sampling_params *p,
 
 static double log_sum_exp(const float *logits, int vocab)
 {
-    float maxl = logits[argmax(logits, vocab)];
+    float maxl = logits[dol_sampler_argmax(logits, vocab)];
     double sum = 0.0;
     for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - maxl);
     return maxl + log(sum);

@@ -779,14 +779,6 @@ static void drop_drafts(dol_scheduler *s, int k)
     q->n_draft = 0;
 }
 
-static int32_t argmax(const float *row, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (row[i] > row[best]) best = i;
-    return best;
-}
-
 /* One forward call of the draft model over its m items, each row's argmax
  * the next draft of its sequence. -1 (logged) when the call fails. */
 static int draft_forward(dol_scheduler *s, int m)
@@ -844,7 +836,7 @@ static void propose_draft(dol_scheduler *s, int n_items)
             seq_t *q = &s->seqs[s->item_slot[s->d_who[j]]];
             if (s->d_items[i].seq != q->dseq) continue;
             q->d_past += s->d_items[i].n_tokens;
-            if (s->d_items[i++].n_logits) q->draft[0] = argmax(s->d_logits + (size_t)j * (size_t)s->vocab, s->vocab);
+            if (s->d_items[i++].n_logits) q->draft[0] = dol_sampler_argmax(s->d_logits + (size_t)j * (size_t)s->vocab, s->vocab);
         }
     }
     /* draft i follows draft i - 1, one token per sequence a call */
@@ -863,7 +855,7 @@ static void propose_draft(dol_scheduler *s, int n_items)
             seq_t *q = &s->seqs[s->item_slot[s->d_who[j]]];
             if (q->n_draft <= i) continue;
             q->d_past++;
-            q->draft[i] = argmax(s->d_logits + (size_t)j * (size_t)s->vocab, s->vocab);
+            q->draft[i] = dol_sampler_argmax(s->d_logits + (size_t)j * (size_t)s->vocab, s->vocab);
         }
     }
     for (int j = 0; j < n; j++) {
