@@ -1,10 +1,13 @@
-/* src/engine/cpu_amx.c — BF16x3 products on Intel AMX (cpu_amx.h): packing
- * of x and of groups of W rows into hi/lo bf16 tiles, and the tile loop.
+/* src/engine/cpu_amx.c — products on Intel AMX (cpu_amx.h): BF16x3 (packing
+ * of x and of groups of W rows into hi/lo bf16 tiles, and the tile loop) and
+ * AMX-INT8 (x's int8 blocks packed for the tile unit, the block loop with
+ * its F32 scaling).
  * The file is compiled without extra flags; the functions that use AMX and
  * AVX-512 carry target attributes, so nothing here runs such instructions
  * before dol_amx_available has said yes. */
 #include "engine/cpu_amx.h"
 
+#include "engine/cpu_i8.h"
 #include "engine/nf4.h"
 #include "engine/q8.h"
 
@@ -34,19 +37,19 @@ size_t dol_amx_w_elems(int K) { return 2 * (size_t)DOL_AMX_ROWS * (size_t)K; }
 #define XFEATURE_XTILEDATA 18
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,f16c")))
 
-static bool amx_ok;
+static bool amx_ok, amx_i8_ok;
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
 static void amx_probe(void)
 {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
-    const bool tile = d & (1u << 24), bf16 = d & (1u << 22);
+    const bool tile = d & (1u << 24), bf16 = d & (1u << 22), int8 = d & (1u << 25);
     const bool avx512 = (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31)); /* F, BW, VL */
     unsigned a1, b1, c1, d1;
     if (!__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1)) return;
     const bool avx512bf16 = a1 & (1u << 5);
-    if (!(tile && bf16 && avx512 && avx512bf16)) return;
+    if (!(tile && avx512 && ((bf16 && avx512bf16) || int8))) return;
     /* OSXSAVE, then XCR0: the ZMM states (5-7) and the tile states (17-18) */
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return;
     unsigned lo, hi;
@@ -55,13 +58,20 @@ static void amx_probe(void)
     if ((xcr0 & 0x600e0ull) != 0x600e0ull) return;
     /* Linux hands out the tile data state only on request */
     if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return;
-    amx_ok = true;
+    amx_ok = bf16 && avx512bf16;
+    amx_i8_ok = int8;
 }
 
 bool dol_amx_available(void)
 {
     pthread_once(&amx_once, amx_probe);
     return amx_ok;
+}
+
+bool dol_amx_i8_available(void)
+{
+    pthread_once(&amx_once, amx_probe);
+    return amx_i8_ok;
 }
 
 /* 16 floats -> their bf16 hi parts and lo parts (round to nearest even;
@@ -342,6 +352,148 @@ AMX_TARGET void dol_amx_product(float *out, int N, int n0, int m, const uint16_t
     _tile_release();
 }
 
+/* ---- AMX-INT8 ---------------------------------------------------------------- */
+
+#define AMX_I8_TARGET __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")))
+#define I8X_BLOCK 768 /* bytes of one (token block, input block) of packed x */
+
+size_t dol_amx_i8_x_bytes(int T, int K)
+{
+    return (size_t)((T + DOL_AMX_ROWS - 1) / DOL_AMX_ROWS) * (size_t)(K / 32) * I8X_BLOCK;
+}
+
+AMX_I8_TARGET void dol_amx_i8_pack_x(uint8_t *xp, const dol_i8_act *a, int tb0, int tb1)
+{
+    const int nb = a->nb;
+    for (int tb = tb0; tb < tb1; tb++)
+        for (int kc = 0; kc < nb; kc++) {
+            uint8_t *blk = xp + ((size_t)tb * (size_t)nb + (size_t)kc) * I8X_BLOCK;
+            uint32_t *q4 = (uint32_t *)blk;
+            float *f = (float *)(blk + 512);
+            for (int i = 0; i < DOL_AMX_ROWS; i++) {
+                const int t = tb * DOL_AMX_ROWS + i;
+                if (t >= a->T) {
+                    for (int p = 0; p < 8; p++) q4[p * 16 + i] = 0;
+                    f[i] = f[16 + i] = f[32 + i] = f[48 + i] = 0.0f;
+                    continue;
+                }
+                const size_t o = (size_t)t * (size_t)nb + (size_t)kc;
+                const int8_t *q = a->q + o * 32;
+                for (int p = 0; p < 8; p++) memcpy(&q4[p * 16 + i], q + 4 * p, 4);
+                int lo = 0, hi = 0;
+                for (int k = 0; k < 16; k++) lo += q[k], hi += q[16 + k];
+                const float d = a->d[o];
+                f[i] = d;
+                f[16 + i] = (float)lo * d;
+                f[32 + i] = (float)hi * d;
+                f[48 + i] = (float)(lo + hi) * d;
+            }
+        }
+}
+
+/* acc[r] (16 tokens) += C[r] * (sw[r] * d) [- mw[r] * s] for the 16 rows. */
+AMX_I8_TARGET static inline __attribute__((always_inline)) void i8_epilogue(
+    __m512 *acc, const int32_t *c, const float *sw, const float *mw, const float *xf, int sel, bool min)
+{
+    const __m512 d = _mm512_load_ps(xf), s = _mm512_load_ps(xf + 16 * sel);
+#pragma GCC unroll 16
+    for (int r = 0; r < DOL_AMX_ROWS; r++) {
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + 16 * r)));
+        acc[r] = _mm512_fmadd_ps(v, _mm512_mul_ps(_mm512_set1_ps(sw[r]), d), acc[r]);
+        if (min) acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(mw[r]), s, acc[r]);
+    }
+}
+
+/* One token block against every input block; C double-buffered in tiles 0
+ * and 1. Whole blocks: W in tiles 2 / 4, x in 3 / 5 (even / odd block);
+ * halves: W's halves in 2 / 4, x's in 3 / 5. */
+AMX_I8_TARGET static inline __attribute__((always_inline)) void i8_token_block(
+    __m512 *acc, const int8_t *wq, const float *sw, const float *mw, const uint8_t *xb, int nb,
+    bool halves, bool min)
+{
+    _Alignas(64) int32_t c0[256], c1[256];
+    if (!halves) {
+        int b = 0;
+        for (; b + 1 < nb; b += 2) {
+            const uint8_t *x0 = xb + (size_t)b * I8X_BLOCK, *x1 = x0 + I8X_BLOCK;
+            _tile_loadd(2, wq + (size_t)b * 512, 32);
+            _tile_loadd(3, x0, 64);
+            _tile_zero(0);
+            _tile_dpbssd(0, 2, 3);
+            _tile_loadd(4, wq + (size_t)(b + 1) * 512, 32);
+            _tile_loadd(5, x1, 64);
+            _tile_zero(1);
+            _tile_dpbssd(1, 4, 5);
+            _tile_stored(0, c0, 64);
+            i8_epilogue(acc, c0, sw + (size_t)(2 * b) * 16, mw + (size_t)(2 * b) * 16,
+                        (const float *)(x0 + 512), 3, min);
+            _tile_stored(1, c1, 64);
+            i8_epilogue(acc, c1, sw + (size_t)(2 * b + 2) * 16, mw + (size_t)(2 * b + 2) * 16,
+                        (const float *)(x1 + 512), 3, min);
+        }
+        if (b < nb) {
+            const uint8_t *x0 = xb + (size_t)b * I8X_BLOCK;
+            _tile_loadd(2, wq + (size_t)b * 512, 32);
+            _tile_loadd(3, x0, 64);
+            _tile_zero(0);
+            _tile_dpbssd(0, 2, 3);
+            _tile_stored(0, c0, 64);
+            i8_epilogue(acc, c0, sw + (size_t)(2 * b) * 16, mw + (size_t)(2 * b) * 16,
+                        (const float *)(x0 + 512), 3, min);
+        }
+        return;
+    }
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *x0 = xb + (size_t)b * I8X_BLOCK;
+        _tile_loadd(2, wq + (size_t)b * 512, 32);
+        _tile_loadd(3, x0, 64);
+        _tile_loadd(4, wq + (size_t)b * 512 + 16, 32);
+        _tile_loadd(5, x0 + 256, 64);
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_dpbssd(0, 2, 3);
+        _tile_dpbssd(1, 4, 5);
+        _tile_stored(0, c0, 64);
+        i8_epilogue(acc, c0, sw + (size_t)(2 * b) * 16, mw + (size_t)(2 * b) * 16,
+                    (const float *)(x0 + 512), 1, min);
+        _tile_stored(1, c1, 64);
+        i8_epilogue(acc, c1, sw + (size_t)(2 * b + 1) * 16, mw + (size_t)(2 * b + 1) * 16,
+                    (const float *)(x0 + 512), 2, min);
+    }
+}
+
+AMX_I8_TARGET void dol_amx_i8_product(float *out, int N, int n0, int m, const int8_t *wq,
+                                      const float *sw, const float *mw, int flags,
+                                      const uint8_t *xp, int T, int K)
+{
+    const bool halves = flags & DOL_I8_HALVES, min = flags & DOL_I8_MIN;
+    const int kb = halves ? 16 : 32; /* inputs per tile product */
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 2; i++) cfg.rows[i] = DOL_AMX_ROWS, cfg.colsb[i] = 64;    /* C */
+    for (int i = 2; i < 6; i += 2) cfg.rows[i] = DOL_AMX_ROWS, cfg.colsb[i] = kb; /* W */
+    for (int i = 3; i < 6; i += 2) cfg.rows[i] = kb / 4, cfg.colsb[i] = 64;       /* x */
+    _tile_loadconfig(&cfg);
+    const int nb = K / 32, TB = (T + DOL_AMX_ROWS - 1) / DOL_AMX_ROWS;
+    _Alignas(64) float c[DOL_AMX_ROWS * DOL_AMX_ROWS];
+    for (int tb = 0; tb < TB; tb++) {
+        __m512 acc[DOL_AMX_ROWS];
+        for (int r = 0; r < DOL_AMX_ROWS; r++) acc[r] = _mm512_setzero_ps();
+        const uint8_t *xb = xp + (size_t)tb * (size_t)nb * I8X_BLOCK;
+        if (halves) {
+            if (min) i8_token_block(acc, wq, sw, mw, xb, nb, true, true);
+            else i8_token_block(acc, wq, sw, mw, xb, nb, true, false);
+        } else {
+            if (min) i8_token_block(acc, wq, sw, mw, xb, nb, false, true);
+            else i8_token_block(acc, wq, sw, mw, xb, nb, false, false);
+        }
+        for (int r = 0; r < DOL_AMX_ROWS; r++) _mm512_store_ps(c + r * DOL_AMX_ROWS, acc[r]);
+        store_c(out, N, n0, m, tb * DOL_AMX_ROWS, T, c);
+    }
+    _tile_release();
+}
+
 #else /* no AMX in this build: dol_amx_available says so and nothing else is called */
 
 bool dol_amx_available(void) { return false; }
@@ -380,6 +532,27 @@ void dol_amx_product(float *out, int N, int n0, int m, const uint16_t *wp, const
                      int T, int K)
 {
     (void)out; (void)N; (void)n0; (void)m; (void)wp; (void)xp; (void)T; (void)K;
+    abort();
+}
+
+bool dol_amx_i8_available(void) { return false; }
+
+size_t dol_amx_i8_x_bytes(int T, int K)
+{
+    (void)T; (void)K;
+    return 0;
+}
+
+void dol_amx_i8_pack_x(uint8_t *xp, const struct dol_i8_act *a, int tb0, int tb1)
+{
+    (void)xp; (void)a; (void)tb0; (void)tb1;
+    abort();
+}
+
+void dol_amx_i8_product(float *out, int N, int n0, int m, const int8_t *wq, const float *sw,
+                        const float *mw, int flags, const uint8_t *xp, int T, int K)
+{
+    (void)out; (void)N; (void)n0; (void)m; (void)wq; (void)sw; (void)mw; (void)flags; (void)xp; (void)T; (void)K;
     abort();
 }
 

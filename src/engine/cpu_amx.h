@@ -1,7 +1,9 @@
-/* src/engine/cpu_amx.h — matrix products on Intel AMX in BF16x3 arithmetic,
- * the CPU backend's opt-in fast path for products of 16 or more rows of x
- * (prefill), taken only when batch_invariant is false
- * (docs/configuration.md; docs/performance.md, "BF16x3 on AMX").
+/* src/engine/cpu_amx.h — matrix products on Intel AMX, the CPU backend's
+ * opt-in fast path for products of 16 or more rows of x (prefill), taken
+ * only when batch_invariant is false (docs/configuration.md;
+ * docs/performance.md, "AMX on the Xeon"): BF16x3 (this part) for F16,
+ * BF16 and weights on F32 activations, AMX-INT8 (the end of the file) for
+ * weights on 8-bit activations.
  *
  * Every operand v (f32) is split into two bfloat16 parts, v = hi + lo + e:
  * hi = bf16(v), lo = bf16(v - hi), |e| <= 2^-17 |v| (round to nearest even
@@ -86,5 +88,46 @@ void dol_amx_w_from_q8(uint16_t *wp, const dol_q8_matrix *W, int n, int m);
  * those columns of out are written. */
 void dol_amx_product(float *out, int N, int n0, int m, const uint16_t *wp, const uint16_t *xp,
                      int T, int K);
+
+/* ---- AMX-INT8: the 8-bit-activation products (cpu_i8.h) on the tile unit --
+ *
+ * Same operands as cpu_i8.h (x quantized per block of 32, weights as int8
+ * with a scale, and a minimum, per half block), but each block's dot
+ * product is one exact int32 from TDPBSSD (16 rows of W x 16 tokens x 32
+ * inputs a tile product; 16 inputs per half for the formats whose halves
+ * have their own scales), then per output and block, in block order:
+ *   acc = fma((float)I_b, sw_b * d_b, acc) [acc = acc - mw_b * s_b],
+ * with s_b = d_b * sum of the block's (or half's) quantized inputs. The
+ * int8 path sums lanes of 4 products instead (cpu_i8.h): the two differ
+ * in the float rounding only, by about nb * 2^-24 of sum |terms| per
+ * output (tests/unit/test_cpu_amx.c), and are not the same bits, so this
+ * path too is taken only when batch_invariant is false.
+ *
+ * x, packed by dol_amx_i8_pack_x: per block of 16 tokens (tb) and block of
+ * 32 inputs (kc), 768 bytes at (tb * K/32 + kc) * 768: the tile unit's
+ * second operand, input k of token t at (k % 32 / 4) * 64 + (t % 16) * 4 +
+ * k % 4 (512 bytes), then four rows of 16 floats, one lane a token: d, the
+ * scaled sums of inputs 0-15 and 16-31, and of all 32. Tokens past T are
+ * zeros. Weights: dol_cpu_i8.decode16's layout (cpu_i8.h). */
+
+struct dol_i8_act;
+
+/* Whether AMX-INT8 runs here: dol_amx_available's checks (tile state
+ * granted) plus AMX-INT8 in cpuid. Thread-safe. */
+bool dol_amx_i8_available(void);
+
+/* Bytes of x packed for T tokens of K inputs. */
+size_t dol_amx_i8_x_bytes(int T, int K);
+
+/* Token blocks tb0 .. tb1-1 of the quantized activations a (a->q, a->d;
+ * T = a->T, K = a->K) packed into xp (dol_amx_i8_x_bytes bytes). Blocks
+ * are independent, so callers may split them over threads. */
+void dol_amx_i8_pack_x(uint8_t *xp, const struct dol_i8_act *a, int tb0, int tb1);
+
+/* out[t * N + n0 + r] for t < T, r < m (m <= 16): one decoded group of W
+ * rows (wq, sw, mw from decode16, whose flags are `flags`) against x
+ * packed for T tokens of K inputs, by the arithmetic above. */
+void dol_amx_i8_product(float *out, int N, int n0, int m, const int8_t *wq, const float *sw,
+                        const float *mw, int flags, const uint8_t *xp, int T, int K);
 
 #endif

@@ -756,31 +756,36 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
     e->scores = xcalloc((size_t)threads * e->scores_stride, sizeof(float), &fail);
     e->tok_run = xcalloc(T + 1, sizeof(int), &fail);
     if (fail) goto oom;
+    if (choose_activations(e, p) != 0) goto oom;
     if (p->fast_prefill) {
         /* F32 weights keep the exact kernels (cpu_ops.h); so does a kernel
-         * set below avx512 forced by DOLPHIN_CPU_KERNELS */
+         * set below avx512 forced by DOLPHIN_CPU_KERNELS. Weights on 8-bit
+         * activations take AMX-INT8, the other formats BF16x3. */
         const linear_w *q0 = c->n_layers > 0 ? &e->L[0].q : NULL;
-        const bool eligible = q0 && (q0->nf4 || q0->q8 ||
-                                     (q0->packed && (q0->w.dtype == DOL_DTYPE_F16 ||
-                                                     q0->w.dtype == DOL_DTYPE_BF16)));
+        const bool i8 = e->use_i8 && q0 && is_quantized(q0);
+        const bool bf16 = q0 && (q0->nf4 || q0->q8 ||
+                                 (q0->packed && (q0->w.dtype == DOL_DTYPE_F16 ||
+                                                 q0->w.dtype == DOL_DTYPE_BF16)));
         const bool wide = strcmp(dol_cpu_kernels_get()->name, "avx512") == 0;
-        if (!eligible || !wide) {
+        const bool unit = i8 ? dol_amx_i8_available() : dol_amx_available();
+        if (!(i8 || bf16) || !wide) {
             dol_log(DOL_LOG_INFO, "cpu_fast_prefill_unavailable",
                     "batch_invariant=false reason=%s; products stay exact",
-                    !eligible ? "f32_weights" : "kernel_set_below_avx512");
-        } else if (dol_amx_available()) {
+                    !(i8 || bf16) ? (q0 && is_quantized(q0) ? "block_weights_on_f32_activations" : "f32_weights")
+                                  : "kernel_set_below_avx512");
+        } else if (unit) {
             int kmax = c->hidden_size > e->q_dim ? c->hidden_size : e->q_dim;
             if (c->intermediate_size > kmax) kmax = c->intermediate_size;
-            if (dol_cpu_fast_reserve(&e->fast, e->max_T, kmax) != 0) goto oom;
+            if (!i8 && dol_cpu_fast_reserve(&e->fast, e->max_T, kmax) != 0) goto oom;
             e->use_fast = true;
-            dol_log(DOL_LOG_INFO, "cpu_fast_prefill", "arithmetic=bf16x3 unit=amx min_rows=%d",
-                    DOL_CPU_FAST_MIN_T);
+            dol_log(DOL_LOG_INFO, "cpu_fast_prefill", "arithmetic=%s unit=amx min_rows=%d",
+                    i8 ? "int8" : "bf16x3", DOL_CPU_FAST_MIN_T);
         } else {
             dol_log(DOL_LOG_WARN, "cpu_fast_prefill_unavailable",
-                    "batch_invariant=false reason=no_amx_bf16 (cpu or os); products stay exact");
+                    "batch_invariant=false reason=%s (cpu or os); products stay exact",
+                    i8 ? "no_amx_int8" : "no_amx_bf16");
         }
     }
-    if (choose_activations(e, p) != 0) goto oom;
     *n_blocks = e->n_blocks;
     *out = e;
     return 0;

@@ -101,7 +101,19 @@ typedef struct dol_cpu_i8 {
      * once for all rows of x. With scratch NULL each tile decodes its own
      * blocks (the same bits, slower for T > 2). */
     size_t (*scratch_bytes)(int K);
+
+    /* Rows n .. n+m-1 (m <= 16) of W decoded for the AMX-INT8 product
+     * (cpu_amx.h): block b's 16 rows of 32 int8 weights at wq + b * 512
+     * (row r at + r * 32), the scale of half h (16 weights) of block b of
+     * row r at sw[(2b + h) * 16 + r] and its minimum at mw[...] (W = sw * w
+     * - mw); rows m..15 are zeros. wq: 16 K bytes, sw and mw: K floats
+     * each. Returns DOL_I8_HALVES when the format's two halves may have
+     * different scales (or minima) | DOL_I8_MIN when it has minima. */
+    int (*decode16)(const dol_i8_weight *W, int n, int m, int8_t *wq, float *sw, float *mw);
 } dol_cpu_i8;
+
+#define DOL_I8_HALVES 1
+#define DOL_I8_MIN 2
 
 extern const dol_cpu_i8 dol_cpu_i8_avx2;
 extern const dol_cpu_i8 dol_cpu_i8_avxvnni;

@@ -829,6 +829,50 @@ static void i8_quantize(dol_i8_act *a, const float *x, int t0, int t1)
         }
 }
 
+/* ---- rows decoded for the AMX-INT8 product (cpu_amx.h) ----------------------- */
+
+#define I8_DECODE16(DEC, FLAGS)                                                                   \
+    do {                                                                                          \
+        for (int b = 0; b < nb; b++)                                                              \
+            for (int r = 0; r < 16; r++) {                                                        \
+                float s[8], mn[8];                                                                \
+                if (r < m) {                                                                      \
+                    const blk d = DEC(W, n + r, b);                                               \
+                    _mm256_storeu_si256((__m256i *)(wq + (size_t)b * 512 + (size_t)r * 32), d.w); \
+                    _mm256_storeu_ps(s, d.sw);                                                    \
+                    _mm256_storeu_ps(mn, d.mw);                                                   \
+                } else {                                                                          \
+                    _mm256_storeu_si256((__m256i *)(wq + (size_t)b * 512 + (size_t)r * 32),       \
+                                        _mm256_setzero_si256());                                  \
+                    _mm256_storeu_ps(s, _mm256_setzero_ps());                                     \
+                    _mm256_storeu_ps(mn, _mm256_setzero_ps());                                    \
+                }                                                                                 \
+                sw[(size_t)(2 * b) * 16 + r] = s[0], sw[(size_t)(2 * b + 1) * 16 + r] = s[4];     \
+                mw[(size_t)(2 * b) * 16 + r] = mn[0], mw[(size_t)(2 * b + 1) * 16 + r] = mn[4];   \
+            }                                                                                     \
+        return FLAGS;                                                                             \
+    } while (0)
+
+static int i8_decode16(const dol_i8_weight *W, int n, int m, int8_t *wq, float *sw, float *mw)
+{
+    const int nb = W->K / 32;
+    switch ((int)W->t) {
+    case DOL_DTYPE_Q8_0: I8_DECODE16(dec_q8_0, 0);
+    case DOL_DTYPE_Q4_0: I8_DECODE16(dec_q4_0, 0);
+    case DOL_DTYPE_Q4_1: I8_DECODE16(dec_q4_1, DOL_I8_MIN);
+    case DOL_DTYPE_Q5_0: I8_DECODE16(dec_q5_0, 0);
+    case DOL_DTYPE_Q5_1: I8_DECODE16(dec_q5_1, DOL_I8_MIN);
+    case DOL_DTYPE_Q2_K: I8_DECODE16(dec_q2_k, DOL_I8_HALVES | DOL_I8_MIN);
+    case DOL_DTYPE_Q3_K: I8_DECODE16(dec_q3_k, DOL_I8_HALVES);
+    case DOL_DTYPE_Q4_K: I8_DECODE16(dec_q4_k, DOL_I8_MIN);
+    case DOL_DTYPE_Q5_K: I8_DECODE16(dec_q5_k, DOL_I8_MIN);
+    case DOL_DTYPE_Q6_K: I8_DECODE16(dec_q6_k, DOL_I8_HALVES);
+    case (int)DOL_I8_NF4: I8_DECODE16(dec_nf4, 0);
+    case (int)DOL_I8_Q8: I8_DECODE16(dec_q8, 0);
+    default: return -1;
+    }
+}
+
 static size_t i8_scratch_bytes(int K) { return sizeof(ppair) * I8_ROWS * (size_t)((K / 32 + 1) / 2); }
 
 const dol_cpu_i8 I8_CAT(dol_cpu_i8_, DOL_I8_VARIANT) = {
@@ -836,4 +880,5 @@ const dol_cpu_i8 I8_CAT(dol_cpu_i8_, DOL_I8_VARIANT) = {
     .quantize = i8_quantize,
     .rows = i8_rows,
     .scratch_bytes = i8_scratch_bytes,
+    .decode16 = i8_decode16,
 };

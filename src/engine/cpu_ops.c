@@ -138,7 +138,8 @@ typedef struct {
     int epi;
     float *acc;                 /* EPI_ADD: the residual stream; EPI_SWIGLU: h */
     float *const *rows;         /* EPI_SCATTER: where row t of the product goes */
-    const uint16_t *xp;         /* non-NULL: x packed for the AMX products (cpu_amx.h) */
+    const uint16_t *xp;         /* non-NULL: x packed for the BF16x3 AMX products (cpu_amx.h) */
+    const uint8_t *x8;          /* non-NULL: x quantized and packed for AMX-INT8 (cpu_amx.h) */
     const dol_cpu_i8 *i8;       /* non-NULL: x quantized in xa, for the weights with i8 */
     const dol_i8_act *xa;
 } fused_job;
@@ -257,11 +258,26 @@ int dol_cpu_fast_reserve(dol_cpu_fast *f, int T, int K)
     return 0;
 }
 
+/* f->x8 for AMX-INT8 products of T rows of K inputs (grows, never shrinks). */
+static int fast_reserve_i8(dol_cpu_fast *f, int T, int K)
+{
+    const size_t need = dol_amx_i8_x_bytes(T, K);
+    if (need <= f->cap8) return 0;
+    uint8_t *x = aligned_alloc(64, (need + 63) / 64 * 64);
+    if (!x) return -1;
+    free(f->x8);
+    f->x8 = x;
+    f->cap8 = need;
+    return 0;
+}
+
 void dol_cpu_fast_free(dol_cpu_fast *f)
 {
     free(f->x);
+    free(f->x8);
     f->x = NULL;
-    f->cap = 0;
+    f->x8 = NULL;
+    f->cap = f->cap8 = 0;
 }
 
 /* Formats the AMX path serves: F16/BF16 in the packed layout, NF4 and Q8_0
@@ -286,18 +302,47 @@ static void pack_x_task(void *ctx, int task, int worker)
     dol_amx_pack_x(p->xp, p->x, p->T, p->K, task, task + 1);
 }
 
-/* Whether job j runs on AMX; if so x is packed (over the pool) and j->xp set. */
+typedef struct {
+    uint8_t *xp;
+    const dol_i8_act *a;
+} pack_x8_job;
+
+static void pack_x8_task(void *ctx, int task, int worker)
+{
+    (void)worker;
+    const pack_x8_job *p = ctx;
+    dol_amx_i8_pack_x(p->xp, p->a, task, task + 1);
+}
+
+static void i8_prepare(dol_pool *pool, fused_job *j);
+static bool i8_weight_ok(const fused_job *j, const dol_cpu_weight *w);
+static dol_dtype i8_format(const dol_cpu_weight *w);
+
+/* Whether job j runs on AMX: in int8 when every weight runs on 8-bit
+ * activations and the CPU has AMX-INT8 (x quantized, then packed, j->x8
+ * set), else in BF16x3 for the formats it serves (x packed, j->xp set);
+ * the packing runs over the pool. */
 static void fast_prepare(dol_pool *pool, fused_job *j)
 {
     dol_cpu_fast *f = j->W[0]->fast;
-    if (!f || j->T < DOL_CPU_FAST_MIN_T || j->K % DOL_AMX_K != 0 || j->k->lanes != 16 ||
-        !dol_amx_available())
+    if (!f || j->T < DOL_CPU_FAST_MIN_T || j->K % DOL_AMX_K != 0 || j->k->lanes != 16) return;
+    const int blocks = (j->T + DOL_AMX_ROWS - 1) / DOL_AMX_ROWS;
+    bool all_i8 = dol_amx_i8_available();
+    for (int i = 0; i < j->n_w && all_i8; i++) all_i8 = i8_weight_ok(j, j->W[i]);
+    if (all_i8) {
+        i8_prepare(pool, j);
+        if (!j->xa || !j->i8->decode16 || fast_reserve_i8(f, j->T, j->K) != 0) return;
+        pack_x8_job p = { f->x8, j->xa };
+        if (pool && blocks > 1) dol_pool_run(pool, pack_x8_task, &p, blocks);
+        else dol_amx_i8_pack_x(p.xp, p.a, 0, blocks);
+        j->x8 = f->x8;
         return;
+    }
+    if (!dol_amx_available()) return;
     for (int i = 0; i < j->n_w; i++)
         if (!fast_weight_ok(j->W[i])) return;
     if (dol_cpu_fast_reserve(f, j->T, j->K) != 0) return;
     pack_x_job p = { f->x, j->x, j->T, j->K };
-    const int blocks = (j->T + DOL_AMX_ROWS - 1) / DOL_AMX_ROWS;
     if (pool && blocks > 1) dol_pool_run(pool, pack_x_task, &p, blocks);
     else dol_amx_pack_x(p.xp, p.x, p.T, p.K, 0, blocks);
     j->xp = f->x;
@@ -323,6 +368,27 @@ static int fast_rows(const fused_job *j, const dol_cpu_weight *w, float *out, in
         dol_amx_product(out, N, n, m, wp, j->xp, j->T, K);
     }
     free(wp);
+    return 0;
+}
+
+/* Rows n0..n1 of W on AMX-INT8, 16 rows at a time decoded once (the int8
+ * set's decode16) into this thread's tile, then multiplied against all of
+ * x. -1 (nothing done) without memory or for a format decode16 lacks. */
+static int fast_i8_rows(const fused_job *j, const dol_cpu_weight *w, float *out, int n0, int n1)
+{
+    const int K = j->K, N = w->N;
+    /* 16 K bytes of weights, then K floats of scales and K of minima */
+    float *tile = thread_tile((size_t)4 * (size_t)K + (size_t)2 * (size_t)K);
+    if (!tile) return -1;
+    int8_t *wq = (int8_t *)tile;
+    float *sw = tile + (size_t)4 * (size_t)K, *mw = sw + K;
+    const dol_i8_weight v = { i8_format(w), w->w, w->row_bytes, w->nf4, w->q8, w->N, K };
+    for (int n = n0; n < n1; n += DOL_AMX_ROWS) {
+        const int m = n1 - n < DOL_AMX_ROWS ? n1 - n : DOL_AMX_ROWS;
+        const int flags = j->i8->decode16(&v, n, m, wq, sw, mw);
+        if (flags < 0) return -1; /* not a format of decode16's: the same for every group */
+        dol_amx_i8_product(out, N, n, m, wq, sw, mw, flags, j->x8, j->T, K);
+    }
     return 0;
 }
 
@@ -358,7 +424,7 @@ static void i8_quant_task(void *ctx, int task, int worker)
  * j->i8, j->xa set. A row's quantization depends on that row only. */
 static void i8_prepare(dol_pool *pool, fused_job *j)
 {
-    if (j->xp) return;
+    if (j->xp || j->xa) return;
     dol_i8_act *a = NULL;
     for (int i = 0; i < j->n_w && !a; i++)
         if (i8_weight_ok(j, j->W[i])) a = j->W[i]->i8;
@@ -379,6 +445,7 @@ static void rows_of(const fused_job *j, int i, float *out, int n0, int n1)
 {
     const dol_cpu_weight *w = j->W[i];
     if (j->xp && fast_rows(j, w, out, n0, n1) == 0) return;
+    if (j->x8 && fast_i8_rows(j, w, out, n0, n1) == 0) return;
     if (j->xa && i8_weight_ok(j, w)) {
         const dol_i8_weight v = { i8_format(w), w->w, w->row_bytes, w->nf4, w->q8, w->N, j->K };
         void *scratch = j->T > 2 ? thread_tile((j->i8->scratch_bytes(j->K) + sizeof(float) - 1) / sizeof(float)) : NULL;

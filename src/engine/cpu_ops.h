@@ -51,18 +51,23 @@ void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
 void dol_cpu_matmul_q8(dol_pool *pool, float *out, const float *x, int T,
                        const dol_q8_matrix *W);
 
-/* Scratch of the BF16x3 products on AMX (cpu_amx.h): x converted to bf16
- * hi/lo tiles once per product. A weight that points at one lets products
- * of DOL_CPU_FAST_MIN_T rows of x or more take that path when the CPU has
- * AMX, K is a multiple of 32 and the weights are F16, BF16, NF4 or Q8_0
- * (F32 weights always take the exact kernels). Its results are within
- * about 2^-16 sum |x w| of the exact kernels' but not bit-identical, so
- * outputs are then no longer batch-invariant: the engine passes it only
- * when batch_invariant is off (docs/configuration.md). Owned by the caller;
- * one product at a time. */
+/* Scratch of the products on AMX (cpu_amx.h): x converted once per product
+ * to bf16 hi/lo tiles (BF16x3) or, quantized, to int8 tiles (AMX-INT8). A
+ * weight that points at one lets products of DOL_CPU_FAST_MIN_T rows of x or
+ * more take the tile unit when K is a multiple of 32: in AMX-INT8 when every
+ * weight of the product runs on 8-bit activations (i8 below) and the CPU
+ * has AMX-INT8, else in BF16x3 for F16, BF16, NF4 or Q8_0 weights on a CPU
+ * with AMX-BF16 (F32 weights always take the exact kernels). BF16x3 is
+ * within about 2^-16 sum |x w| of the exact kernels, AMX-INT8 within about
+ * K/32 * 2^-24 sum |terms| of the int8 kernels, but neither gives their
+ * bits, so outputs are then no longer batch-invariant: the engine passes
+ * it only when batch_invariant is off (docs/configuration.md). Owned by
+ * the caller; one product at a time. */
 typedef struct {
     uint16_t *x;
-    size_t cap; /* bf16 elements at x */
+    size_t cap;  /* bf16 elements at x */
+    uint8_t *x8; /* x quantized and packed for AMX-INT8 (cpu_amx.h) */
+    size_t cap8; /* bytes at x8 */
 } dol_cpu_fast;
 
 #define DOL_CPU_FAST_MIN_T 16

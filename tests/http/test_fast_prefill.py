@@ -1,27 +1,29 @@
 """batch_invariant: false seen from outside (docs/configuration.md, "Batch
 invariance and fast prefill"): dolphind says at start-up whether prefill runs
-in BF16x3 on AMX, and where it does, a long prompt's logprobs stay within
-5e-3 of the exact server's for F16 and nf4 weights, and the config-file key
-does the same as the flag."""
+on AMX and in which arithmetic (BF16x3 for F16, AMX-INT8 for weights on 8-bit
+activations: load-time nf4, a GGUF Q4_K_M file), and where it does, a long
+prompt's logprobs stay within 5e-3 of the batch-invariant server's, and the
+config-file key does the same as the flag."""
 import os
 import re
 import tempfile
 
 import pytest
 
-from dolphin_server import Dolphind, model_dir
+from dolphin_server import Dolphind, gguf_file, model_dir
 
 # A prompt of well over 16 tokens, so its prefill takes the tile path.
 PROMPT = ("Once upon a time, there was a little girl named Lily. She loved to play "
           "outside in the park with her friends, and every day she found a new game.")
 
 
-def amx_here():
+def amx_here(arithmetic="bf16x3"):
     try:
         flags = open("/proc/cpuinfo").read()
     except OSError:
         return False
-    return all(re.search(r"\b%s\b" % f, flags) for f in ("amx_bf16", "amx_tile", "avx512_bf16"))
+    need = ("amx_bf16", "amx_tile", "avx512_bf16") if arithmetic == "bf16x3" else ("amx_int8", "amx_tile")
+    return all(re.search(r"\b%s\b" % f, flags) for f in need)
 
 
 def top_logprobs(srv):
@@ -38,17 +40,25 @@ def started_fast(log):
     return False
 
 
-@pytest.mark.parametrize("weights", ["f16", "nf4"])
-def test_logprobs_close_to_exact(weights):
-    exact = Dolphind("tiny-llama2", ["--weights", weights])
+@pytest.mark.parametrize("weights,arithmetic", [("f16", "bf16x3"), ("nf4", "int8"), ("gguf", "int8")])
+def test_logprobs_close_to_exact(weights, arithmetic):
+    model, args = "tiny-llama2", ["--weights", weights]
+    if weights == "gguf":
+        model, args = str(gguf_file("tiny-llama2-Q4_K_M.gguf")), []
+    if arithmetic == "int8":  # the harness pins f32 activations otherwise
+        args += ["--activations", "int8"]
+    exact = Dolphind(model, args)
     try:
         assert "event=cpu_fast_prefill" not in exact.log()
         want_tokens, want = top_logprobs(exact)
     finally:
         exact.stop()
-    fast = Dolphind("tiny-llama2", ["--weights", weights, "--no-batch-invariant"])
+    fast = Dolphind(model, args + ["--no-batch-invariant"])
     try:
-        assert started_fast(fast.log()) == amx_here()
+        log = fast.log()
+        assert started_fast(log) == amx_here(arithmetic)
+        if amx_here(arithmetic):
+            assert "arithmetic=%s " % arithmetic in log, log[-3000:]
         tokens, got = top_logprobs(fast)
     finally:
         fast.stop()

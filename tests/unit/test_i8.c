@@ -18,6 +18,7 @@
 #include "dolphin/engine.h"
 #include "dolphin/ggml_blocks.h"
 #include "dolphin/model.h"
+#include "engine/cpu_amx.h"
 #include "engine/cpu_i8.h"
 #include "engine/cpu_ops.h"
 #include "engine/nf4.h"
@@ -384,18 +385,103 @@ static void test_error_bound(void **state)
     }
 }
 
+/* AMX-INT8 (cpu_amx.h, batch_invariant off): every format against the
+ * float64 reference at T from one token block to three with remainders
+ * and N past two groups of 16 rows, alone and through the engine's
+ * products (2 threads, the residual add); under 16 rows the products keep
+ * the int8 kernels' bits. decode16 gives the same rows in every set.
+ * Skipped where the CPU has no AMX-INT8. */
+static void test_amx_i8(void **state)
+{
+    (void)state;
+    const dol_cpu_i8 *s = dol_cpu_i8_get();
+    if (!s || !dol_amx_i8_available()) skip();
+    const int N = 37, Ts[] = { 16, 17, 40 };
+    dol_pool *pool = dol_pool_new(2);
+    for (size_t fi = 0; fi < N_FORMATS; fi++) {
+        const format *f = &FORMATS[fi];
+        const int K = f->K;
+        matrix m;
+        make_matrix(f, N, &m);
+        int8_t *wq = aligned_alloc(64, (size_t)16 * K), *wq2 = aligned_alloc(64, (size_t)16 * K);
+        float *sw = malloc(sizeof(float) * (size_t)K), *mw = malloc(sizeof(float) * (size_t)K);
+        float *sw2 = malloc(sizeof(float) * (size_t)K), *mw2 = malloc(sizeof(float) * (size_t)K);
+        for (int si = 0; si < N_SET_NAMES; si++) {
+            const dol_cpu_i8 *o = dol_cpu_i8_find(SET_NAMES[si]);
+            if (!o) continue;
+            const int fl = s->decode16(&m.v, 32, 5, wq, sw, mw), fl2 = o->decode16(&m.v, 32, 5, wq2, sw2, mw2);
+            assert_int_equal(fl, fl2);
+            assert_memory_equal(wq, wq2, (size_t)16 * K);
+            assert_memory_equal(sw, sw2, sizeof(float) * (size_t)K);
+            assert_memory_equal(mw, mw2, sizeof(float) * (size_t)K);
+        }
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+            const int T = Ts[ti];
+            float *x = awkward_x(T, K);
+            dol_i8_act a = {0};
+            assert_int_equal(dol_cpu_i8_act_reserve(&a, T, K), 0);
+            s->quantize(&a, x, 0, T);
+            uint8_t *xp = aligned_alloc(64, (dol_amx_i8_x_bytes(T, K) + 63) / 64 * 64);
+            dol_amx_i8_pack_x(xp, &a, 0, (T + 15) / 16);
+            float *out = malloc(sizeof(float) * (size_t)T * N);
+            for (int n = 0; n < N; n += 16) {
+                const int rows = N - n < 16 ? N - n : 16;
+                const int fl = s->decode16(&m.v, n, rows, wq, sw, mw);
+                assert_true(fl >= 0);
+                dol_amx_i8_product(out, N, n, rows, wq, sw, mw, fl, xp, T, K);
+            }
+            char what[64];
+            snprintf(what, sizeof what, "%s on AMX-INT8, T=%d", f->name, T);
+            check_reference(what, out, &m, &a);
+            /* the engine's products with the tile scratch: the same within
+             * the float sums' order (any thread split), never the int8
+             * kernels' bits past 16 rows, exactly them below */
+            dol_cpu_fast fast = {0};
+            dol_i8_act act = {0};
+            m.cw.i8 = &act;
+            m.cw.fast = &fast;
+            float *via = malloc(sizeof(float) * (size_t)T * N), *acc = calloc((size_t)T * N, sizeof(float));
+            float *tmp = malloc(sizeof(float) * (size_t)T * N);
+            dol_cpu_matmul_multi(pool, x, T, K, &m.cw, &via, 1);
+            snprintf(what, sizeof what, "%s through the products, T=%d", f->name, T);
+            check_reference(what, via, &m, &a);
+            dol_cpu_matmul_add(pool, acc, tmp, x, T, K, &m.cw);
+            assert_memory_equal(acc, via, sizeof(float) * (size_t)T * N);
+            float *kern = malloc(sizeof(float) * (size_t)T * N);
+            s->rows(kern, N, &a, &m.v, 0, N, NULL);
+            dol_cpu_matmul_multi(pool, x, 15, K, &m.cw, &via, 1);
+            assert_memory_equal(via, kern, sizeof(float) * 15 * (size_t)N);
+            m.cw.i8 = NULL;
+            m.cw.fast = NULL;
+            dol_cpu_fast_free(&fast);
+            dol_cpu_i8_act_free(&act);
+            dol_cpu_i8_act_free(&a);
+            free(kern), free(via), free(acc), free(tmp), free(out), free(xp), free(x);
+        }
+        free(wq), free(wq2), free(sw), free(mw), free(sw2), free(mw2);
+        free_matrix(&m);
+    }
+    dol_pool_free(pool);
+}
 
 /* ---- accuracy on the shared GGUF files ------------------------------------- */
 
-static dol_engine *engine_as(dol_model *m, dol_weight_format w, dol_activations act)
+/* fast: batch_invariant off (prefill on AMX-INT8 where the CPU has it) */
+static dol_engine *engine_fast(dol_model *m, dol_weight_format w, dol_activations act, bool fast)
 {
     dol_engine *e = NULL;
     char err[DOL_ERR_LEN];
     dol_engine_params p = {.n_threads = 2, .kv_block_size = 16, .kv_cache_tokens = 1024,
                            .max_seqs = 2, .max_batch_tokens = 256, .kv_dtype = DOL_KV_F32,
-                           .backend = DOL_BACKEND_CPU, .activations = act, .weights = w};
+                           .backend = DOL_BACKEND_CPU, .activations = act, .weights = w,
+                           .fast_prefill = fast};
     if (dol_engine_create(m, &p, &e, err, sizeof err) != 0) fail_msg("%s", err);
     return e;
+}
+
+static dol_engine *engine_as(dol_model *m, dol_weight_format w, dol_activations act)
+{
+    return engine_fast(m, w, act, false);
 }
 
 static dol_engine *engine_with(dol_model *m, dol_activations act) { return engine_as(m, DOL_WEIGHTS_AUTO, act); }
@@ -498,8 +584,16 @@ static void test_gguf_kl(void **state)
             dol_engine *ex = engine_with(m, DOL_ACT_F32), *i8 = engine_with(m, DOL_ACT_INT8);
             assert_string_equal(dol_engine_activations(ex), "f32");
             assert_string_equal(dol_engine_activations(i8), "int8");
-            kl_check(file, ex, i8, V, cJSON_GetObjectItem(cJSON_GetObjectItem(entry, "reference"), "cases"),
-                     cJSON_GetObjectItem(lk, "mean_kld")->valuedouble, 1.0);
+            const cJSON *cases = cJSON_GetObjectItem(cJSON_GetObjectItem(entry, "reference"), "cases");
+            const double lcpp = cJSON_GetObjectItem(lk, "mean_kld")->valuedouble;
+            kl_check(file, ex, i8, V, cases, lcpp, 1.0);
+            if (dol_amx_i8_available()) { /* prefill (16 rows on) on AMX-INT8 */
+                dol_engine *fast = engine_fast(m, DOL_WEIGHTS_AUTO, DOL_ACT_INT8, true);
+                char what[160];
+                snprintf(what, sizeof what, "%s, AMX-INT8", file);
+                kl_check(what, ex, fast, V, cases, lcpp, 1.0);
+                dol_engine_free(fast);
+            }
             dol_engine_free(ex);
             dol_engine_free(i8);
             dol_model_free(m);
@@ -539,9 +633,16 @@ static void test_load_time_kl(void **state)
         assert_non_null(lk), assert_non_null(entry);
         dol_engine *ex = engine_as(m, runs[i].w, DOL_ACT_F32), *i8 = engine_as(m, runs[i].w, DOL_ACT_INT8);
         assert_string_equal(dol_engine_activations(i8), "int8");
-        kl_check(runs[i].name, ex, i8, m->cfg.vocab_size,
-                 cJSON_GetObjectItem(cJSON_GetObjectItem(entry, "reference"), "cases"),
-                 cJSON_GetObjectItem(lk, "mean_kld")->valuedouble, runs[i].allow);
+        const cJSON *cases = cJSON_GetObjectItem(cJSON_GetObjectItem(entry, "reference"), "cases");
+        const double lcpp = cJSON_GetObjectItem(lk, "mean_kld")->valuedouble;
+        kl_check(runs[i].name, ex, i8, m->cfg.vocab_size, cases, lcpp, runs[i].allow);
+        if (dol_amx_i8_available()) { /* prefill (16 rows on) on AMX-INT8 */
+            dol_engine *fast = engine_fast(m, runs[i].w, DOL_ACT_INT8, true);
+            char what[96];
+            snprintf(what, sizeof what, "%s, AMX-INT8", runs[i].name);
+            kl_check(what, ex, fast, m->cfg.vocab_size, cases, lcpp, runs[i].allow);
+            dol_engine_free(fast);
+        }
         dol_engine_free(ex);
         dol_engine_free(i8);
     }
@@ -583,6 +684,7 @@ int main(void)
         cmocka_unit_test(test_formats),
         cmocka_unit_test(test_batch_invariant),
         cmocka_unit_test(test_error_bound),
+        cmocka_unit_test(test_amx_i8),
         cmocka_unit_test(test_gguf_kl),
         cmocka_unit_test(test_load_time_kl),
         cmocka_unit_test(test_default_choice),
