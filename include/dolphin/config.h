@@ -133,8 +133,9 @@ typedef struct {
     int64_t kv_cache_tokens;     /* default 0 = derive */
     bool prefix_caching;         /* default true */
     bool batch_invariant;        /* default true; false: CPU prefill products
-                                    may run in BF16x3 on AMX (faster, not
-                                    bit-identical across batches) */
+                                    may run on AMX, AMX-INT8 or BF16x3
+                                    (faster, not bit-identical across
+                                    batches) */
     int64_t kv_cache_bytes;      /* default 0 = derive */
     dol_kv_dtype kv_cache_dtype; /* auto | f32 | f16 | q8_0 (default auto) */
     dol_kv_dtype kv_cache_dtype_k; /* the K half; auto = kv_cache_dtype */

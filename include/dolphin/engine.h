@@ -135,10 +135,11 @@ typedef struct {
     bool no_host_spill;       /* refuse to start rather than put blocks on the
                                  CPU that were not asked there ({0}: spill) */
     bool fast_prefill;        /* CPU: products of 16 or more rows of x (prefill)
-                                 may run in BF16x3 on AMX where the CPU has
-                                 it (src/engine/cpu_amx.h): each product
-                                 within ~2^-16 of the exact one (relative
-                                 to sum |x w|), but outputs are no longer
+                                 may run on AMX where the CPU has it
+                                 (src/engine/cpu_amx.h): AMX-INT8 for weights
+                                 on 8-bit activations, else BF16x3 (each
+                                 product within ~2^-16 of the exact one,
+                                 relative to sum |x w|); outputs are no longer
                                  batch-invariant bit for bit.
                                  {0}: off (batch_invariant: true) */
     dol_activations activations; /* CPU, quantized weights (NF4, INT8, GGUF's

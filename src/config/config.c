@@ -212,7 +212,7 @@ static const field FIELDS[] = {
       .help = "keep the K/V of whole prompt blocks for later prompts that start alike" },
     { .name = "batch_invariant", .type = F_BOOL, AT(batch_invariant), .def = "true",
       .help = "CPU: every sequence's logits bit-identical in any batch; false lets prefill "
-              "products run in BF16x3 on AMX (faster, not the same bits)" },
+              "products run on AMX, in AMX-INT8 or BF16x3 (faster, not the same bits)" },
     { .name = "prefill_chunk", .type = F_INT, AT(prefill_chunk), .min = 1, .max = NONE,
       .def = "512", .metavar = "N", .help = "most prompt tokens per sequence per step" },
     { .name = "speculative_mode", .type = F_ENUM, AT(speculative_mode), .choices = CHOICES("off", "ngram", "draft"),

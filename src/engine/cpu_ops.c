@@ -244,7 +244,7 @@ static bool panel_ok(const fused_job *j, const dol_cpu_weight *w)
     return false;
 }
 
-/* ---- BF16x3 on AMX (opt-in, cpu_amx.h) ------------------------------------ */
+/* ---- AMX: BF16x3 and AMX-INT8 (opt-in, cpu_amx.h) ------------------------ */
 
 int dol_cpu_fast_reserve(dol_cpu_fast *f, int T, int K)
 {

@@ -87,7 +87,7 @@ typedef struct {
     int N, K;
     bool packed; /* w is in the packed layout of cpu_kernels.h (dol_cpu_pack) */
     const dol_q8_matrix *q8; /* non-NULL: Q8_0 weights (q8.h); w, wtype, nf4 ignored */
-    dol_cpu_fast *fast;      /* non-NULL: BF16x3 on AMX allowed (above) */
+    dol_cpu_fast *fast;      /* non-NULL: products on AMX allowed (above) */
     size_t row_bytes;        /* wtype a GGUF block type (ggml_blocks.h; nf4, q8 NULL,
                               * not packed): row n of the blocks is at w + n * row_bytes */
     struct dol_i8_act *i8;   /* non-NULL (NF4, Q8_0 or a block type, K a multiple of 32):
