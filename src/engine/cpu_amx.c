@@ -391,11 +391,16 @@ AMX_I8_TARGET void dol_amx_i8_pack_x(uint8_t *xp, const dol_i8_act *a, int tb0, 
         }
 }
 
-/* acc[r] (16 tokens) += C[r] * (sw[r] * d) [- mw[r] * s] for the 16 rows. */
+/* acc[r] (16 tokens) += C[r] * (sw[r] * d) [- mw[r] * s] for the 16 rows,
+ * with the scales and minima of half-block j (2b + h) and x's block at xb
+ * (d, and the sum in row sel of its floats). */
 AMX_I8_TARGET static inline __attribute__((always_inline)) void i8_epilogue(
-    __m512 *acc, const int32_t *c, const float *sw, const float *mw, const float *xf, int sel, bool min)
+    __m512 *acc, const int32_t *c, const float *sw, const float *mw, int j, const uint8_t *xb, int sel,
+    bool min)
 {
+    const float *xf = (const float *)(xb + 512);
     const __m512 d = _mm512_load_ps(xf), s = _mm512_load_ps(xf + 16 * sel);
+    sw += (size_t)j * 16, mw += (size_t)j * 16;
 #pragma GCC unroll 16
     for (int r = 0; r < DOL_AMX_ROWS; r++) {
         const __m512 v = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + 16 * r)));
@@ -403,6 +408,15 @@ AMX_I8_TARGET static inline __attribute__((always_inline)) void i8_epilogue(
         if (min) acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(mw[r]), s, acc[r]);
     }
 }
+
+/* C tile c = W tile a (from w, rows 32 bytes apart) x x tile t (from x). */
+#define I8_TILE_PRODUCT(c, a, t, w, x) \
+    do {                               \
+        _tile_loadd(a, (w), 32);       \
+        _tile_loadd(t, (x), 64);       \
+        _tile_zero(c);                 \
+        _tile_dpbssd(c, a, t);         \
+    } while (0)
 
 /* One token block against every input block; C double-buffered in tiles 0
  * and 1. Whole blocks: W in tiles 2 / 4, x in 3 / 5 (even / odd block);
@@ -412,53 +426,29 @@ AMX_I8_TARGET static inline __attribute__((always_inline)) void i8_token_block(
     bool halves, bool min)
 {
     _Alignas(64) int32_t c0[256], c1[256];
-    if (!halves) {
-        int b = 0;
-        for (; b + 1 < nb; b += 2) {
-            const uint8_t *x0 = xb + (size_t)b * I8X_BLOCK, *x1 = x0 + I8X_BLOCK;
-            _tile_loadd(2, wq + (size_t)b * 512, 32);
-            _tile_loadd(3, x0, 64);
-            _tile_zero(0);
-            _tile_dpbssd(0, 2, 3);
-            _tile_loadd(4, wq + (size_t)(b + 1) * 512, 32);
-            _tile_loadd(5, x1, 64);
-            _tile_zero(1);
-            _tile_dpbssd(1, 4, 5);
-            _tile_stored(0, c0, 64);
-            i8_epilogue(acc, c0, sw + (size_t)(2 * b) * 16, mw + (size_t)(2 * b) * 16,
-                        (const float *)(x0 + 512), 3, min);
-            _tile_stored(1, c1, 64);
-            i8_epilogue(acc, c1, sw + (size_t)(2 * b + 2) * 16, mw + (size_t)(2 * b + 2) * 16,
-                        (const float *)(x1 + 512), 3, min);
-        }
-        if (b < nb) {
-            const uint8_t *x0 = xb + (size_t)b * I8X_BLOCK;
-            _tile_loadd(2, wq + (size_t)b * 512, 32);
-            _tile_loadd(3, x0, 64);
-            _tile_zero(0);
-            _tile_dpbssd(0, 2, 3);
-            _tile_stored(0, c0, 64);
-            i8_epilogue(acc, c0, sw + (size_t)(2 * b) * 16, mw + (size_t)(2 * b) * 16,
-                        (const float *)(x0 + 512), 3, min);
-        }
-        return;
-    }
     for (int b = 0; b < nb; b++) {
         const uint8_t *x0 = xb + (size_t)b * I8X_BLOCK;
-        _tile_loadd(2, wq + (size_t)b * 512, 32);
-        _tile_loadd(3, x0, 64);
-        _tile_loadd(4, wq + (size_t)b * 512 + 16, 32);
-        _tile_loadd(5, x0 + 256, 64);
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_dpbssd(0, 2, 3);
-        _tile_dpbssd(1, 4, 5);
-        _tile_stored(0, c0, 64);
-        i8_epilogue(acc, c0, sw + (size_t)(2 * b) * 16, mw + (size_t)(2 * b) * 16,
-                    (const float *)(x0 + 512), 1, min);
-        _tile_stored(1, c1, 64);
-        i8_epilogue(acc, c1, sw + (size_t)(2 * b + 1) * 16, mw + (size_t)(2 * b + 1) * 16,
-                    (const float *)(x0 + 512), 2, min);
+        const int8_t *w0 = wq + (size_t)b * 512;
+        if (halves) {
+            I8_TILE_PRODUCT(0, 2, 3, w0, x0);
+            I8_TILE_PRODUCT(1, 4, 5, w0 + 16, x0 + 256);
+            _tile_stored(0, c0, 64);
+            i8_epilogue(acc, c0, sw, mw, 2 * b, x0, 1, min);
+            _tile_stored(1, c1, 64);
+            i8_epilogue(acc, c1, sw, mw, 2 * b + 1, x0, 2, min);
+        } else if (b + 1 < nb) { /* two blocks, the second's product beside the first's scaling */
+            I8_TILE_PRODUCT(0, 2, 3, w0, x0);
+            I8_TILE_PRODUCT(1, 4, 5, w0 + 512, x0 + I8X_BLOCK);
+            _tile_stored(0, c0, 64);
+            i8_epilogue(acc, c0, sw, mw, 2 * b, x0, 3, min);
+            _tile_stored(1, c1, 64);
+            i8_epilogue(acc, c1, sw, mw, 2 * b + 2, x0 + I8X_BLOCK, 3, min);
+            b++;
+        } else {
+            I8_TILE_PRODUCT(0, 2, 3, w0, x0);
+            _tile_stored(0, c0, 64);
+            i8_epilogue(acc, c0, sw, mw, 2 * b, x0, 3, min);
+        }
     }
 }
 
