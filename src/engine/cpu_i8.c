@@ -107,22 +107,22 @@ int dol_cpu_i8_act_reserve(dol_i8_act *a, int T, int K)
         int8_t *q = aligned_alloc(64, (rows * (size_t)kc + 63) / 64 * 64);
         float *d = malloc(sizeof(float) * rows * (size_t)nbc);
         float *s = malloc(sizeof(float) * 8 * rows * (size_t)nbc);
-        uint8_t *u = aligned_alloc(64, (rows * (size_t)kc + 63) / 64 * 64);
         float *dv = aligned_alloc(64, (sizeof(float) * 8 * rows * (size_t)nbc + 63) / 64 * 64);
-        if (!q || !d || !s || !u || !dv) {
+        int32_t *ns = aligned_alloc(64, (sizeof(int32_t) * 8 * rows * (size_t)nbc + 63) / 64 * 64);
+        if (!q || !d || !s || !dv || !ns) {
             free(q);
             free(d);
             free(s);
-            free(u);
             free(dv);
+            free(ns);
             return -1;
         }
         dol_cpu_i8_act_free(a);
         a->q = q;
         a->d = d;
         a->s = s;
-        a->u = u;
         a->dv = dv;
+        a->ns = ns;
         a->cap = rows;
         a->K_cap = kc;
     }
@@ -137,10 +137,10 @@ void dol_cpu_i8_act_free(dol_i8_act *a)
     free(a->q);
     free(a->d);
     free(a->s);
-    free(a->u);
     free(a->dv);
+    free(a->ns);
     a->q = NULL;
-    a->u = NULL;
+    a->ns = NULL;
     a->d = a->s = a->dv = NULL;
     a->cap = 0;
     a->K_cap = 0;

@@ -63,8 +63,10 @@ typedef struct dol_i8_act {
     int8_t *q;  /* [T][K] quantized inputs */
     float *d;   /* [T][nb] block scales */
     float *s;   /* [T][nb][8] sums of each group of 4 quantized inputs, times d */
-    uint8_t *u; /* [T][K] q + 128 (q ^ 0x80): the unsigned operand of vpdpbusd */
-    float *dv;  /* [T][nb][8] d of each block, repeated over the block's 8 lanes */
+    /* for the 512-bit set's in-register tiles (T < 16 only): */
+    float *dv;   /* [T][nb][8] d of each block, repeated over the block's 8 lanes */
+    int32_t *ns; /* [T][nb][8] minus the sum of each group of 4 quantized inputs: the
+                  * start of a product with weights stored as w + c (c = 2^k) */
     size_t cap; /* rows the arrays hold, of K_cap inputs */
     int K_cap;
 } dol_i8_act;

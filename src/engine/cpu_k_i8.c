@@ -143,11 +143,19 @@ static inline blk dec_q4_1(const dol_i8_weight *W, int n, int b)
     return (blk){ nibbles_lo_hi(p + 4), _mm256_set1_ps(f16_at(p)), _mm256_set1_ps(-f16_at(p + 2)) };
 }
 
-static inline blk dec_q5_0(const dol_i8_weight *W, int n, int b)
+/* decu_*: the block as w + c (unsigned, c a power of two), for the 512-bit
+ * in-register tiles; dec_*: w. */
+static inline blk decu_q5_0(const dol_i8_weight *W, int n, int b)
 {
     const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)b * 22;
-    const __m256i q = _mm256_or_si256(nibbles_lo_hi(p + 6), bits32(p + 2, 0x10));
-    return (blk){ _mm256_sub_epi8(q, _mm256_set1_epi8(16)), _mm256_set1_ps(f16_at(p)), _mm256_setzero_ps() };
+    return (blk){ _mm256_or_si256(nibbles_lo_hi(p + 6), bits32(p + 2, 0x10)), _mm256_set1_ps(f16_at(p)),
+                  _mm256_setzero_ps() };
+}
+
+static inline blk dec_q5_0(const dol_i8_weight *W, int n, int b)
+{
+    const blk d = decu_q5_0(W, n, b);
+    return (blk){ _mm256_sub_epi8(d.w, _mm256_set1_epi8(16)), d.sw, d.mw };
 }
 
 static inline blk dec_q5_1(const dol_i8_weight *W, int n, int b)
@@ -171,7 +179,7 @@ static inline blk dec_q2_k(const dol_i8_weight *W, int n, int b)
                   halves(dm * (float)(s0 >> 4), dm * (float)(s1 >> 4)) };
 }
 
-static inline blk dec_q3_k(const dol_i8_weight *W, int n, int b)
+static inline blk decu_q3_k(const dol_i8_weight *W, int n, int b)
 {
     const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 110;
     const int j = b & 7, h = j >> 2, g = j & 3;
@@ -179,13 +187,19 @@ static inline blk dec_q3_k(const dol_i8_weight *W, int n, int b)
     const __m256i q2 = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
     const __m256i hm = _mm256_loadu_si256((const __m256i *)p);
     const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + g)));
-    /* q2 - 4 where the high bit is clear */
-    const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), _mm256_setzero_si256());
-    const __m256i q = _mm256_sub_epi8(q2, _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+    /* w + 4 = q2 + 4 where the high bit is set */
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+    const __m256i q = _mm256_or_si256(q2, _mm256_and_si256(set, _mm256_set1_epi8(4)));
     const float d = f16_at(p + 108);
     const int i = 8 * h + 2 * g;
     return (blk){ q, halves(d * (float)dol_blk_q3k_scale(i, p + 96), d * (float)dol_blk_q3k_scale(i + 1, p + 96)),
                   _mm256_setzero_ps() };
+}
+
+static inline blk dec_q3_k(const dol_i8_weight *W, int n, int b)
+{
+    const blk d = decu_q3_k(W, n, b);
+    return (blk){ _mm256_sub_epi8(d.w, _mm256_set1_epi8(4)), d.sw, d.mw };
 }
 
 static inline blk dec_q4_k(const dol_i8_weight *W, int n, int b)
@@ -466,7 +480,8 @@ static inline __attribute__((always_inline)) void ztail(__m512 acc[][I8_ZMAXC], 
 /* ---- 512-bit in-register tiles (avx512vnni): a pair of blocks per vector ---- */
 
 /* Blocks 2p and 2p + 1 of row n in one vector: lanes 0-7 (bytes 0-31) the
- * even block's, 8-15 the odd one's, each exactly as DEC gives it. */
+ * even block's, 8-15 the odd one's, each as DEC gives it, or as w + c for
+ * the formats the tiles take unsigned (I8_PRODUCT's OFF). */
 typedef struct {
     __m512i w;
     __m512 sw, mw;
@@ -474,91 +489,165 @@ typedef struct {
 
 static inline __m512i join_i(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 static inline __m512 join_f(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
-static inline __m512 halves512(float a, float b) { return join_f(_mm256_set1_ps(a), _mm256_set1_ps(b)); }
-static inline __m512i prep512(__m512i w)
-{
-    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), w));
-}
+
+/* A pair decoder's side: per-row values of a wider unit (the K-quants'
+ * super-block, NAME_side_pairs pairs), computed by NAME_side(W, n, p) at
+ * the unit's first pair and passed to each of its pairs; none
+ * (NAME_side_pairs 0) for the other formats. */
+#define I8_NO_SIDE(NAME)                                                                          \
+    enum { NAME##_side_pairs = 0 };                                                                \
+    static inline __m512 NAME##_side(const dol_i8_weight *W, int n, int p)                         \
+    {                                                                                              \
+        (void)W, (void)n, (void)p;                                                                 \
+        return _mm512_setzero_ps();                                                                \
+    }
 
 /* Any format: its two blocks decoded apart, then joined. */
 #define I8_DEC2_JOIN(NAME, DEC)                                                                   \
-    static inline zblk NAME##_dec2(const dol_i8_weight *W, int n, int p)                          \
+    I8_NO_SIDE(NAME)                                                                               \
+    static inline zblk NAME##_dec2(const dol_i8_weight *W, int n, int p, __m512 side)             \
     {                                                                                              \
+        (void)side;                                                                                \
         const blk a = DEC(W, n, 2 * p), b = DEC(W, n, 2 * p + 1);                                  \
         return (zblk){ join_i(a.w, b.w), join_f(a.sw, b.sw), join_f(a.mw, b.mw) };                 \
     }
 
-/* The formats read most, decoded a pair at a time. */
-static inline zblk nf4_dec2(const dol_i8_weight *W, int n, int p)
+/* The formats read most, decoded a pair at a time; the signed ones (NF4,
+ * Q8_0, int8) as w + 128 (the sign bit flipped). */
+I8_NO_SIDE(nf4)
+static inline zblk nf4_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
 {
+    (void)side;
     const dol_nf4_matrix *m = W->nf4;
     const __m256i v = _mm256_loadu_si256((const __m256i *)(m->codes + (size_t)n * (size_t)(m->cols / 2) + (size_t)p * 32));
     const __m512i c = _mm512_and_si512(join_i(v, _mm256_srli_epi16(v, 4)), _mm512_set1_epi8(0xF));
-    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)dol_nf4_i8_codes));
+    const __m512i book = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)dol_nf4_i8_codes)),
+                                          _mm512_set1_epi8((char)0x80));
     const uint16_t a = m->scales[(size_t)n * (size_t)m->blocks_per_row + (size_t)p];
     const float absmax = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(a)));
     return (zblk){ _mm512_shuffle_epi8(book, c), _mm512_set1_ps(absmax * (1.0f / 127.0f)), _mm512_setzero_ps() };
 }
 
-static inline zblk q4_0_dec2(const dol_i8_weight *W, int n, int p)
+/* The F16 scales at b0 and b1 over lanes 0-7 and 8-15 (one conversion). */
+static inline __m512 halves512_f16(const uint8_t *b0, const uint8_t *b1)
 {
+    uint16_t h0, h1;
+    memcpy(&h0, b0, 2);
+    memcpy(&h1, b1, 2);
+    const __m128 two = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)h0 | (uint32_t)h1 << 16)));
+    return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                 _mm512_castps128_ps512(two));
+}
+
+/* as w + 8 */
+I8_NO_SIDE(q4_0)
+static inline zblk q4_0_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
+{
+    (void)side;
     const uint8_t *b0 = W->base + (size_t)n * W->row_bytes + (size_t)(2 * p) * 18, *b1 = b0 + 18;
     const __m256i ab = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(b1 + 2)), _mm_loadu_si128((const __m128i *)(b0 + 2)));
     /* 128-bit lanes [a, b, a >> 4, b >> 4] -> [a lo, a hi, b lo, b hi] */
     const __m512i z = _mm512_and_si512(join_i(ab, _mm256_srli_epi16(ab, 4)), _mm512_set1_epi8(0xF));
-    const __m512i q = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-    return (zblk){ _mm512_sub_epi8(q, _mm512_set1_epi8(8)), halves512(f16_at(b0), f16_at(b1)), _mm512_setzero_ps() };
+    return (zblk){ _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), halves512_f16(b0, b1), _mm512_setzero_ps() };
 }
 
-static inline zblk q8_0_dec2(const dol_i8_weight *W, int n, int p)
+I8_NO_SIDE(q8_0)
+static inline zblk q8_0_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
 {
+    (void)side;
     const uint8_t *b0 = W->base + (size_t)n * W->row_bytes + (size_t)(2 * p) * 34, *b1 = b0 + 34;
-    return (zblk){ join_i(_mm256_loadu_si256((const __m256i *)(b0 + 2)), _mm256_loadu_si256((const __m256i *)(b1 + 2))),
-                   halves512(f16_at(b0), f16_at(b1)), _mm512_setzero_ps() };
+    const __m512i w = join_i(_mm256_loadu_si256((const __m256i *)(b0 + 2)), _mm256_loadu_si256((const __m256i *)(b1 + 2)));
+    return (zblk){ _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80)), halves512_f16(b0, b1), _mm512_setzero_ps() };
 }
 
-static inline zblk q8_dec2(const dol_i8_weight *W, int n, int p)
+I8_NO_SIDE(q8)
+static inline zblk q8_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
 {
+    (void)side;
     const dol_q8_matrix *m = W->q8;
     const int8_t *q = m->quants + (size_t)n * (size_t)m->cols + (size_t)p * 64;
-    const uint16_t *s = m->scales + (size_t)n * (size_t)m->blocks_per_row + (size_t)(2 * p);
-    const float s0 = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(s[0])));
-    const float s1 = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(s[1])));
-    return (zblk){ _mm512_loadu_si512((const void *)q), halves512(s0, s1), _mm512_setzero_ps() };
+    const uint8_t *s = (const uint8_t *)(m->scales + (size_t)n * (size_t)m->blocks_per_row + (size_t)(2 * p));
+    return (zblk){ _mm512_xor_si512(_mm512_loadu_si512((const void *)q), _mm512_set1_epi8((char)0x80)),
+                   halves512_f16(s, s + 2), _mm512_setzero_ps() };
 }
 
 I8_DEC2_JOIN(q4_1, dec_q4_1)
-I8_DEC2_JOIN(q5_0, dec_q5_0)
+I8_DEC2_JOIN(q5_0, decu_q5_0)
 I8_DEC2_JOIN(q5_1, dec_q5_1)
 I8_DEC2_JOIN(q2_k, dec_q2_k)
-I8_DEC2_JOIN(q3_k, dec_q3_k)
-I8_DEC2_JOIN(q5_k, dec_q5_k)
+I8_DEC2_JOIN(q3_k, decu_q3_k)
 
-/* Q4_K: the pair is chunk j / 2 of the super-block, its low nibbles then
- * its high ones (as NF4's block of 64). */
-static inline zblk q4_k_dec2(const dol_i8_weight *W, int n, int p)
+/* Q4_K and Q5_K: the side is the super-block's 8 scales times d (lanes
+ * 0-7) and 8 minima times dmin (8-15), as dol_blk_k4_scale_min decodes
+ * them (four 6-bit values a word). */
+enum { q4_k_side_pairs = 4, q5_k_side_pairs = 4 };
+static inline __m512 k4_side(const uint8_t *sb)
 {
-    const int b = 2 * p, j = b & 7;
-    const uint8_t *sb = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 144;
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * (j >> 1)));
-    const __m512i q = _mm512_and_si512(join_i(v, _mm256_srli_epi16(v, 4)), _mm512_set1_epi8(0xF));
-    /* the 6-bit scales and mins of sub-blocks 4h .. 4h+3 (h = j / 4), a byte
-     * each (dol_blk_k4_scale_min, four at a time), times d and dmin */
     const uint32_t a0 = le32(sb + 4), a1 = le32(sb + 8), a2 = le32(sb + 12);
-    const uint32_t scw = j < 4 ? a0 & 0x3f3f3f3fu : (a2 & 0x0f0f0f0fu) | ((a0 >> 2) & 0x30303030u);
-    const uint32_t mnw = j < 4 ? a1 & 0x3f3f3f3fu : ((a2 >> 4) & 0x0f0f0f0fu) | ((a1 >> 2) & 0x30303030u);
-    const __m128 scf = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)scw))), _mm_set1_ps(f16_at(sb)));
-    const __m128 mnf = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)mnw))), _mm_set1_ps(f16_at(sb + 2)));
-    const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-                                         _mm512_set1_epi32(j & 3));
-    return (zblk){ q, _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(scf)),
-                   _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(mnf)) };
+    const __m128i b = _mm_set_epi32((int)(((a2 >> 4) & 0x0f0f0f0fu) | ((a1 >> 2) & 0x30303030u)), (int)(a1 & 0x3f3f3f3fu),
+                                    (int)((a2 & 0x0f0f0f0fu) | ((a0 >> 2) & 0x30303030u)), (int)(a0 & 0x3f3f3f3fu));
+    const __m512 dd = _mm512_insertf32x8(_mm512_set1_ps(f16_at(sb)), _mm256_set1_ps(f16_at(sb + 2)), 1);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), dd);
+}
+static inline __m512 q4_k_side(const dol_i8_weight *W, int n, int p)
+{
+    return k4_side(W->base + (size_t)n * W->row_bytes + (size_t)(p >> 2) * 144);
+}
+static inline __m512 q5_k_side(const dol_i8_weight *W, int n, int p)
+{
+    return k4_side(W->base + (size_t)n * W->row_bytes + (size_t)(p >> 2) * 176);
 }
 
-/* Q6_K: sub-blocks j, j + 1 (j even) are 64 consecutive bytes of ql (the
- * same nibble), their high bits 2 qd and 2 qd + 2 of the same 32 bytes of
- * qh, a scale per 16 weights. */
-static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
+/* Sub-blocks 2 (p % 4) and 2 (p % 4) + 1: their scales and minima from the side. */
+static inline void k4_pair_scales(__m512 side, int p, __m512 *sw, __m512 *mw)
+{
+    const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                         _mm512_set1_epi32(2 * (p & 3)));
+    *sw = _mm512_permutexvar_ps(idx, side);
+    *mw = _mm512_permutexvar_ps(_mm512_add_epi32(idx, _mm512_set1_epi32(8)), side);
+}
+
+/* Q4_K: the pair is chunk p % 4 of the super-block, its low nibbles then
+ * its high ones (as NF4's block of 64). */
+static inline zblk q4_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
+{
+    const uint8_t *sb = W->base + (size_t)n * W->row_bytes + (size_t)(p >> 2) * 144;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * (p & 3)));
+    zblk z = { _mm512_and_si512(join_i(v, _mm256_srli_epi16(v, 4)), _mm512_set1_epi8(0xF)), _mm512_setzero_ps(),
+               _mm512_setzero_ps() };
+    k4_pair_scales(side, p, &z.sw, &z.mw);
+    return z;
+}
+
+/* Q5_K: Q4_K's nibbles, and bit j of qh's 32 bytes the fifth bit of
+ * sub-block j. */
+static inline zblk q5_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
+{
+    const int j = 2 * (p & 3);
+    const uint8_t *sb = W->base + (size_t)n * W->row_bytes + (size_t)(p >> 2) * 176;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 48 + 32 * (p & 3)));
+    const __m512i lo = _mm512_and_si512(join_i(v, _mm256_srli_epi16(v, 4)), _mm512_set1_epi8(0xF));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(sb + 16));
+    const __m512i hz = join_i(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_srl_epi16(qh, _mm_cvtsi32_si128(j + 1)));
+    const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(hz, 4), _mm512_set1_epi8(0x10));
+    zblk z = { _mm512_or_si512(lo, hi), _mm512_setzero_ps(), _mm512_setzero_ps() };
+    k4_pair_scales(side, p, &z.sw, &z.mw);
+    return z;
+}
+
+/* Q6_K, as w + 32: sub-blocks j, j + 1 (j = 2 (p % 4)) are 64 consecutive
+ * bytes of ql (the same nibble), their high bits 2 qd and 2 qd + 2 of the
+ * same 32 bytes of qh; the side is the super-block's 16 scales (one per 16
+ * weights) times d. */
+enum { q6_k_side_pairs = 4 };
+static inline __m512 q6_k_side(const dol_i8_weight *W, int n, int p)
+{
+    const uint8_t *sb = W->base + (size_t)n * W->row_bytes + (size_t)(p >> 2) * 210;
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sb + 192)))),
+                         _mm512_set1_ps(f16_at(sb + 208)));
+}
+
+static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
 {
     const int b = 2 * p, j = b & 7, h = j >> 2, qd = j & 3;
     const uint8_t *sb = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 210;
@@ -567,20 +656,20 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
     const __m256i hb = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * h));
     const __m512i hz = join_i(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qd)), _mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qd + 2)));
     const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(hz, 4), _mm512_set1_epi8(0x30));
-    const __m512i q = _mm512_sub_epi8(_mm512_or_si512(lo, hi), _mm512_set1_epi8(32));
-    /* the four scales of 16 weights, times d, each over 4 lanes */
-    const __m128 scf = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128((int)le32(sb + 192 + 8 * h + 2 * qd)))),
-                                  _mm_set1_ps(f16_at(sb + 208)));
-    const __m512 sw = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-                                            _mm512_castps128_ps512(scf));
-    return (zblk){ q, sw, _mm512_setzero_ps() };
+    /* scales 4 (p % 4) .. + 3, each over 4 lanes */
+    const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                         _mm512_set1_epi32(4 * (p & 3)));
+    return (zblk){ _mm512_or_si512(lo, hi), _mm512_permutexvar_ps(idx, side), _mm512_setzero_ps() };
 }
 
 /* An R x C tile decoding its pairs as it goes (R * C <= 16; the operations
  * of NAME_zptile; an odd last block is decoded alone into half 0): the R
  * rows' pair is decoded into registers, then each column of x is loaded
- * once and multiplied by all of them. */
-#define I8_ZTILE(NAME, DEC, MIN, ROWP)                                                            \
+ * once and multiplied by all of them. The pair decoder gives u = w + 2^OFF
+ * (unsigned; OFF 0: w itself) and lane j is vpdpbusd(u, q) started at
+ * -2^OFF sum q (a->ns, shared by the rows; none for OFF 0): the exact I_j
+ * with no per-row start (the 256-bit tiles' prep). */
+#define I8_ZTILE(NAME, DEC, MIN, ROWP, OFF)                                                       \
     static inline __attribute__((always_inline)) void NAME##_ztile(                               \
         float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n, int t,            \
         const int R, const int C)                                                                  \
@@ -588,27 +677,30 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
         const int nb = a->nb;                                                                      \
         size_t len;                                                                                \
         const uint8_t *pf = n + 2 * R <= W->N ? ROWP(W, n + R, &len) : NULL;                       \
-        const size_t pf_len = pf ? (size_t)R * len : 0;                                            \
-        __m512 acc[I8_ROWS][I8_ZMAXC];                                                             \
-        for (int r = 0; r < R; r++)                                                                \
+        /* the next tile's rows, a share per pair (no division in the loop) */                     \
+        const size_t pf_len = pf ? (size_t)R * len : 0, pf_step = 2 * (pf_len / (size_t)nb);       \
+        size_t pf_o = 0, pf_e = 0;                                                                 \
+        __m512 acc[I8_ROWS][I8_ZMAXC], side[I8_ROWS];                                              \
+        for (int r = 0; r < R; r++) {                                                              \
+            side[r] = _mm512_setzero_ps();                                                         \
             for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();                           \
+        }                                                                                          \
         int p = 0;                                                                                 \
         for (; 2 * p + 1 < nb; p++) {                                                              \
-            for (size_t o = ((size_t)(2 * p) * pf_len / (size_t)nb) & ~(size_t)63,                 \
-                        e = (size_t)(2 * p + 2) * pf_len / (size_t)nb; o < e; o += 64)             \
-                _mm_prefetch((const char *)pf + o, _MM_HINT_T0);                                   \
+            pf_e = 2 * p + 3 < nb ? pf_e + pf_step : pf_len;                                       \
+            for (; pf_o < pf_e; pf_o += 64) _mm_prefetch((const char *)pf + pf_o, _MM_HINT_T0);    \
             zblk k[I8_ROWS];                                                                       \
-            __m512i aux[I8_ROWS];                                                                  \
-            for (int r = 0; r < R; r++) {                                                          \
-                k[r] = NAME##_dec2(W, n + r, p);                                                   \
-                aux[r] = prep512(k[r].w);                                                          \
-            }                                                                                      \
+            if (NAME##_side_pairs && p % (NAME##_side_pairs ? NAME##_side_pairs : 1) == 0)         \
+                for (int r = 0; r < R; r++) side[r] = NAME##_side(W, n + r, p);                    \
+            for (int r = 0; r < R; r++) k[r] = NAME##_dec2(W, n + r, p, side[r]);                  \
             for (int c = 0; c < C; c++) {                                                          \
                 const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)(2 * p);                   \
-                const __m512i xq = _mm512_loadu_si512((const void *)(a->u + o * 32));              \
+                const __m512i xq = _mm512_loadu_si512((const void *)(a->q + o * 32));              \
                 const __m512 dx = _mm512_loadu_ps(a->dv + o * 8);                                  \
+                const __m512i start = OFF ? _mm512_slli_epi32(_mm512_loadu_si512((const void *)(a->ns + o * 8)), OFF) \
+                                          : _mm512_setzero_si512();                                \
                 for (int r = 0; r < R; r++) {                                                      \
-                    const __m512i I = _mm512_dpbusd_epi32(aux[r], xq, k[r].w);                     \
+                    const __m512i I = _mm512_dpbusd_epi32(start, k[r].w, xq);                      \
                     acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(k[r].sw, dx), \
                                                 acc[r][c]);                                        \
                     if (MIN) acc[r][c] = _mm512_fnmadd_ps(k[r].mw, _mm512_loadu_ps(a->s + o * 8), acc[r][c]); \
@@ -668,7 +760,7 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
         }                                                                                         \
     } while (0)
 #else
-#define I8_ZTILE(NAME, DEC, MIN, ROWP)
+#define I8_ZTILE(NAME, DEC, MIN, ROWP, OFF)
 #define I8_TILE_RUN(NAME) I8_RUN_2COL(NAME##_tile, W)
 #endif
 
@@ -677,7 +769,7 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
  * the same from a panel of R decoded rows; NAME_rows: rows n0 .. n1-1 for
  * every column, through panels from I8_PANEL_MIN_T columns on. The same
  * operations for every output whatever R, C or the path (cpu_i8.h). */
-#define I8_PRODUCT(NAME, DEC, MIN, ROWP)                                                          \
+#define I8_PRODUCT(NAME, DEC, MIN, ROWP, OFF)                                                     \
     static inline __attribute__((always_inline, unused)) void NAME##_tile(                        \
         float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n, int t,            \
         const int R, const int C)                                                                  \
@@ -722,7 +814,7 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
         I8_STORE();                                                                                \
     }                                                                                              \
     I8_ZPTILE(NAME, MIN)                                                                           \
-    I8_ZTILE(NAME, DEC, MIN, ROWP)                                                                 \
+    I8_ZTILE(NAME, DEC, MIN, ROWP, OFF)                                                            \
     static void NAME##_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W,      \
                             int n0, int n1, void *scratch)                                         \
     {                                                                                              \
@@ -753,18 +845,19 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p)
         }                                                                                          \
     }
 
-I8_PRODUCT(q8_0, dec_q8_0, 0, row_gguf)
-I8_PRODUCT(q4_0, dec_q4_0, 0, row_gguf)
-I8_PRODUCT(q4_1, dec_q4_1, 1, row_gguf)
-I8_PRODUCT(q5_0, dec_q5_0, 0, row_gguf)
-I8_PRODUCT(q5_1, dec_q5_1, 1, row_gguf)
-I8_PRODUCT(q2_k, dec_q2_k, 1, row_gguf)
-I8_PRODUCT(q3_k, dec_q3_k, 0, row_gguf)
-I8_PRODUCT(q4_k, dec_q4_k, 1, row_gguf)
-I8_PRODUCT(q5_k, dec_q5_k, 1, row_gguf)
-I8_PRODUCT(q6_k, dec_q6_k, 0, row_gguf)
-I8_PRODUCT(nf4, dec_nf4, 0, row_nf4)
-I8_PRODUCT(q8, dec_q8, 0, row_q8)
+/* OFF: the 512-bit in-register tiles take the format's pairs as w + 2^OFF. */
+I8_PRODUCT(q8_0, dec_q8_0, 0, row_gguf, 7)
+I8_PRODUCT(q4_0, dec_q4_0, 0, row_gguf, 3)
+I8_PRODUCT(q4_1, dec_q4_1, 1, row_gguf, 0)
+I8_PRODUCT(q5_0, dec_q5_0, 0, row_gguf, 4)
+I8_PRODUCT(q5_1, dec_q5_1, 1, row_gguf, 0)
+I8_PRODUCT(q2_k, dec_q2_k, 1, row_gguf, 0)
+I8_PRODUCT(q3_k, dec_q3_k, 0, row_gguf, 2)
+I8_PRODUCT(q4_k, dec_q4_k, 1, row_gguf, 0)
+I8_PRODUCT(q5_k, dec_q5_k, 1, row_gguf, 0)
+I8_PRODUCT(q6_k, dec_q6_k, 0, row_gguf, 5)
+I8_PRODUCT(nf4, dec_nf4, 0, row_nf4, 7)
+I8_PRODUCT(q8, dec_q8, 0, row_q8, 7)
 
 static void i8_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n0, int n1,
                     void *scratch)
@@ -818,14 +911,14 @@ static void i8_quantize(dol_i8_act *a, const float *x, int t0, int t1)
             const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
             const __m256i q = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             _mm256_storeu_si256((__m256i *)(a->q + o * 32), q);
-            if (uv) { /* for the 512-bit in-register tiles */
-                _mm256_storeu_si256((__m256i *)(a->u + o * 32), _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
-                _mm256_storeu_ps(a->dv + o * 8, _mm256_set1_ps(a->d[o]));
-            }
+            if (uv) _mm256_storeu_ps(a->dv + o * 8, _mm256_set1_ps(a->d[o])); /* for the 512-bit in-register tiles */
             float *s = a->s + o * 8;
             const int8_t *qb = a->q + o * 32;
-            for (int j = 0; j < 8; j++)
-                s[j] = (float)(qb[4 * j] + qb[4 * j + 1] + qb[4 * j + 2] + qb[4 * j + 3]) * a->d[o];
+            for (int j = 0; j < 8; j++) {
+                const int sum = qb[4 * j] + qb[4 * j + 1] + qb[4 * j + 2] + qb[4 * j + 3];
+                s[j] = (float)sum * a->d[o];
+                if (uv) a->ns[o * 8 + (size_t)j] = -sum;
+            }
         }
 }
 
