@@ -12,7 +12,9 @@
  *   avx2        -mavx2 -mfma -mf16c: u8 x s8 pairs (vpmaddubsw, vpmaddwd)
  *   avxvnni     + -mavxvnni: vpdpbusd in VEX form
  *   avx512vnni  + -mavx512f/bw/dq/vl -mavx512vnni: vpdpbusd in EVEX form,
- *               a pair of blocks per 512-bit vector
+ *               a pair of blocks per 512-bit vector; below 16 rows of x
+ *               the weights go in unsigned (w + 2^k) against q, the lane
+ *               started at -2^k times the sum of its 4 inputs (ns below)
  *
  * Every set computes the same int32 lanes (lane j of a block: the sum of
  * the products of its inputs 4j .. 4j+3, exact) and then the same float
