@@ -95,13 +95,6 @@ static inline __m256i nibbles_lo_hi(const uint8_t *p)
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
 
-static inline uint32_t le32(const uint8_t *p)
-{
-    uint32_t u;
-    memcpy(&u, p, 4); /* x86: little-endian, as GGUF */
-    return u;
-}
-
 /* Bit i of the 32 bits at p, for byte i, as 0 or `val`. */
 static inline __m256i bits32(const uint8_t *p, char val)
 {
@@ -487,6 +480,13 @@ typedef struct {
     __m512 sw, mw;
 } zblk;
 
+static inline uint32_t le32(const uint8_t *p)
+{
+    uint32_t u;
+    memcpy(&u, p, 4); /* x86: little-endian, as GGUF */
+    return u;
+}
+
 static inline __m512i join_i(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 static inline __m512 join_f(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
 
@@ -690,7 +690,7 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
             pf_e = 2 * p + 3 < nb ? pf_e + pf_step : pf_len;                                       \
             for (; pf_o < pf_e; pf_o += 64) _mm_prefetch((const char *)pf + pf_o, _MM_HINT_T0);    \
             zblk k[I8_ROWS];                                                                       \
-            if (NAME##_side_pairs && p % (NAME##_side_pairs ? NAME##_side_pairs : 1) == 0)         \
+            if (NAME##_side_pairs > 0 && p % (NAME##_side_pairs > 0 ? NAME##_side_pairs : 1) == 0) \
                 for (int r = 0; r < R; r++) side[r] = NAME##_side(W, n + r, p);                    \
             for (int r = 0; r < R; r++) k[r] = NAME##_dec2(W, n + r, p, side[r]);                  \
             for (int c = 0; c < C; c++) {                                                          \
