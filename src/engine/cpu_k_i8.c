@@ -668,8 +668,10 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
  * once and multiplied by all of them. The pair decoder gives u = w + 2^OFF
  * (unsigned; OFF 0: w itself) and lane j is vpdpbusd(u, q) started at
  * -2^OFF sum q (a->ns, shared by the rows; none for OFF 0): the exact I_j
- * with no per-row start (the 256-bit tiles' prep). */
-#define I8_ZTILE(NAME, DEC, MIN, ROWP, OFF)                                                       \
+ * with no per-row start (the 256-bit tiles' prep). L2: decode (C <= 2)
+ * prefetches into L2, not L1 (8-bit rows: little arithmetic per byte, and
+ * T0 prefetches held the L1 miss buffers the four streams' loads need). */
+#define I8_ZTILE(NAME, DEC, MIN, ROWP, OFF, L2)                                                   \
     static inline __attribute__((always_inline)) void NAME##_ztile(                               \
         float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n, int t,            \
         const int R, const int C)                                                                  \
@@ -688,7 +690,9 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
         int p = 0;                                                                                 \
         for (; 2 * p + 1 < nb; p++) {                                                              \
             pf_e = 2 * p + 3 < nb ? pf_e + pf_step : pf_len;                                       \
-            for (; pf_o < pf_e; pf_o += 64) _mm_prefetch((const char *)pf + pf_o, _MM_HINT_T0);    \
+            for (; pf_o < pf_e; pf_o += 64)                                                        \
+                if (L2 && C <= 2) _mm_prefetch((const char *)pf + pf_o, _MM_HINT_T1);             \
+                else _mm_prefetch((const char *)pf + pf_o, _MM_HINT_T0);                           \
             zblk k[I8_ROWS];                                                                       \
             if (NAME##_side_pairs > 0 && p % (NAME##_side_pairs > 0 ? NAME##_side_pairs : 1) == 0) \
                 for (int r = 0; r < R; r++) side[r] = NAME##_side(W, n + r, p);                    \
@@ -760,7 +764,7 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
         }                                                                                         \
     } while (0)
 #else
-#define I8_ZTILE(NAME, DEC, MIN, ROWP, OFF)
+#define I8_ZTILE(NAME, DEC, MIN, ROWP, OFF, L2)
 #define I8_TILE_RUN(NAME) I8_RUN_2COL(NAME##_tile, W)
 #endif
 
@@ -769,7 +773,7 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
  * the same from a panel of R decoded rows; NAME_rows: rows n0 .. n1-1 for
  * every column, through panels from I8_PANEL_MIN_T columns on. The same
  * operations for every output whatever R, C or the path (cpu_i8.h). */
-#define I8_PRODUCT(NAME, DEC, MIN, ROWP, OFF)                                                     \
+#define I8_PRODUCT(NAME, DEC, MIN, ROWP, OFF, L2)                                                 \
     static inline __attribute__((always_inline, unused)) void NAME##_tile(                        \
         float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n, int t,            \
         const int R, const int C)                                                                  \
@@ -814,7 +818,7 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
         I8_STORE();                                                                                \
     }                                                                                              \
     I8_ZPTILE(NAME, MIN)                                                                           \
-    I8_ZTILE(NAME, DEC, MIN, ROWP, OFF)                                                            \
+    I8_ZTILE(NAME, DEC, MIN, ROWP, OFF, L2)                                                        \
     static void NAME##_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W,      \
                             int n0, int n1, void *scratch)                                         \
     {                                                                                              \
@@ -845,19 +849,20 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
         }                                                                                          \
     }
 
-/* OFF: the 512-bit in-register tiles take the format's pairs as w + 2^OFF. */
-I8_PRODUCT(q8_0, dec_q8_0, 0, row_gguf, 7)
-I8_PRODUCT(q4_0, dec_q4_0, 0, row_gguf, 3)
-I8_PRODUCT(q4_1, dec_q4_1, 1, row_gguf, 0)
-I8_PRODUCT(q5_0, dec_q5_0, 0, row_gguf, 4)
-I8_PRODUCT(q5_1, dec_q5_1, 1, row_gguf, 0)
-I8_PRODUCT(q2_k, dec_q2_k, 1, row_gguf, 0)
-I8_PRODUCT(q3_k, dec_q3_k, 0, row_gguf, 2)
-I8_PRODUCT(q4_k, dec_q4_k, 1, row_gguf, 0)
-I8_PRODUCT(q5_k, dec_q5_k, 1, row_gguf, 0)
-I8_PRODUCT(q6_k, dec_q6_k, 0, row_gguf, 5)
-I8_PRODUCT(nf4, dec_nf4, 0, row_nf4, 7)
-I8_PRODUCT(q8, dec_q8, 0, row_q8, 7)
+/* OFF: the 512-bit in-register tiles take the format's pairs as w + 2^OFF;
+ * L2: their decode prefetches into L2 (I8_ZTILE). */
+I8_PRODUCT(q8_0, dec_q8_0, 0, row_gguf, 7, 1)
+I8_PRODUCT(q4_0, dec_q4_0, 0, row_gguf, 3, 0)
+I8_PRODUCT(q4_1, dec_q4_1, 1, row_gguf, 0, 0)
+I8_PRODUCT(q5_0, dec_q5_0, 0, row_gguf, 4, 0)
+I8_PRODUCT(q5_1, dec_q5_1, 1, row_gguf, 0, 0)
+I8_PRODUCT(q2_k, dec_q2_k, 1, row_gguf, 0, 0)
+I8_PRODUCT(q3_k, dec_q3_k, 0, row_gguf, 2, 0)
+I8_PRODUCT(q4_k, dec_q4_k, 1, row_gguf, 0, 0)
+I8_PRODUCT(q5_k, dec_q5_k, 1, row_gguf, 0, 0)
+I8_PRODUCT(q6_k, dec_q6_k, 0, row_gguf, 5, 0)
+I8_PRODUCT(nf4, dec_nf4, 0, row_nf4, 7, 0)
+I8_PRODUCT(q8, dec_q8, 0, row_q8, 7, 1)
 
 static void i8_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n0, int n1,
                     void *scratch)
