@@ -179,6 +179,13 @@ void dol_request_state_free(dol_request_state *st);
 
 typedef enum { DOL_BATCH_CONTINUOUS = 0, DOL_BATCH_STATIC = 1 } dol_batch_mode;
 
+/* The batch window of an idle engine opens at the first waiting request's
+ * arrival and closes after batch_window_ms, or at once when max_batch_size
+ * sequences wait. In continuous mode it also closes once no request has
+ * arrived for batch_window_ms / DOL_WINDOW_QUIET_DIV (docs/configuration.md,
+ * "The batch window"). */
+#define DOL_WINDOW_QUIET_DIV 10.0
+
 /* Speculative decoding's proposer (docs/speculative.md). */
 typedef enum { DOL_SPEC_OFF = 0, DOL_SPEC_NGRAM = 1, DOL_SPEC_DRAFT = 2 } dol_spec_mode;
 
@@ -186,7 +193,7 @@ typedef enum { DOL_SPEC_OFF = 0, DOL_SPEC_NGRAM = 1, DOL_SPEC_DRAFT = 2 } dol_sp
  * docs/configuration.md); dol_scheduler_create refuses a value out of range. */
 typedef struct {
     int max_batch_size;          /* sequences in one step, >= 1 */
-    int batch_window_ms;         /* >= 0 */
+    int batch_window_ms;         /* >= 0, see DOL_WINDOW_QUIET_DIV */
     dol_batch_mode mode;
     int max_queue;               /* waiting requests before QUEUE_FULL, >= 1 */
     double memory_high_watermark;/* fraction of the KV pool, (0, 1] */

@@ -1152,14 +1152,24 @@ static bool loop_once(dol_scheduler *s, bool wait)
             return true;
         }
         /* Batch window: the first waiting request waits up to
-         * batch_window_ms for company, unless a full batch is waiting. */
-        double oldest = 1e300;
+         * batch_window_ms for company, unless a full batch is waiting. In
+         * continuous mode it also closes once no request has arrived for
+         * a tenth of it: later arrivals join the running batch at the next
+         * step anyway, so a lone request need not pay the whole window. */
+        double oldest = 1e300, newest = -1e300;
         int waiting_seqs = 0;
         for (int i = 0; i < s->n_queue; i++) {
-            if (s->queue[i]->t_arrival_ms < oldest) oldest = s->queue[i]->t_arrival_ms;
+            double t = s->queue[i]->t_arrival_ms;
+            if (t < oldest) oldest = t;
+            if (t > newest) newest = t;
             waiting_seqs += s->queue[i]->n;
         }
-        double left = oldest + s->p.batch_window_ms - now_ms(s);
+        double now = now_ms(s);
+        double left = oldest + s->p.batch_window_ms - now;
+        if (s->p.mode == DOL_BATCH_CONTINUOUS) {
+            double quiet_left = newest + s->p.batch_window_ms / DOL_WINDOW_QUIET_DIV - now;
+            if (quiet_left < left) left = quiet_left;
+        }
         if (left > 0 && waiting_seqs < s->p.max_batch_size && !s->draining) {
             if (wait) timed_wait_ms(s, left < 200 ? left : 200);
             pthread_mutex_unlock(&s->mu);

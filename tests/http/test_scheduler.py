@@ -205,9 +205,10 @@ def test_batch_invariance(start, model, mode):
 # ---- batch window ----------------------------------------------------------------------
 
 def test_window_lone_request_waits_for_the_window(start):
-    """--batch-window-ms 300: a lone request waits ~the window for company,
-    then starts. Bound: window + 2 s of slack for a loaded machine."""
-    srv = start("stories260K", "--batch-window-ms", "300")
+    """Static mode, --batch-window-ms 300: a lone request waits ~the window
+    for company, then starts. Bound: window + 2 s of slack for a loaded
+    machine."""
+    srv = start("stories260K", "--batch-mode", "static", "--batch-window-ms", "300")
     for _ in range(3):
         t0 = time.monotonic()
         r = srv.complete({"prompt": "Once upon a time", "max_tokens": 1, "temperature": 0})
@@ -218,6 +219,32 @@ def test_window_lone_request_waits_for_the_window(start):
         line = log_line(srv, r.headers["X-Request-Id"])
         assert 299 <= float(line["queue_ms"]) < 300 + 2000, line
         time.sleep(0.05)
+
+
+def test_window_continuous_closes_when_arrivals_stop(start):
+    """Continuous mode, --batch-window-ms 3000: a lone request starts once
+    no other has arrived for a tenth of the window (300 ms), not after the
+    whole window; four requests 100 ms apart share one batch, which starts
+    300 ms after the last. Bounds: the quiet time, and half the window."""
+    srv = start("stories260K", "--batch-window-ms", "3000", "--max-batch-size", "8")
+    body = {"prompt": "Once upon a time", "max_tokens": 1, "temperature": 0}
+    for _ in range(2):
+        r = srv.complete(body)
+        assert r.status_code == 200, r.text
+        q = float(log_line(srv, r.headers["X-Request-Id"])["queue_ms"])
+        assert 299 <= q < 1500, f"a lone request queued {q:.0f} ms (quiet 300, window 3000)"
+
+    steps0 = srv.sched()[0]["steps"]
+    calls = []
+    for i in range(4):
+        calls.append(Call(srv.complete, {**body, "prompt": f"Tom had a big red {i}"}))
+        time.sleep(0.1)
+    resps = [c.get() for c in calls]
+    assert all(r.status_code == 200 for r in resps), [r.text for r in resps]
+    queued = [float(log_line(srv, r.headers["X-Request-Id"])["queue_ms"]) for r in resps]
+    assert queued[0] >= 299 + 250, f"the batch did not wait for the trickle: {queued}"
+    assert queued[-1] >= 299 and max(queued) < 1500, queued
+    assert srv.sched()[0]["steps"] - steps0 == 1, "the four did not start in one batch"
 
 
 def test_window_full_batch_starts_at_once(start):
@@ -536,8 +563,8 @@ def test_small_kv_n_choices_keep_their_blocks(start):
     same round must not take those blocks: it waits, and both complete
     (before the fix, choice 2 could not be forked, was dropped silently and
     the request hung until request_timeout_s)."""
-    srv = start("stories260K", *SMALL_KV, "--batch-window-ms", "1000",
-                "--request-timeout-s", "60")
+    srv = start("stories260K", *SMALL_KV, "--batch-mode", "static", "--batch-window-ms", "1000",
+                "--request-timeout-s", "60")   # static: the whole window, whatever the gap
     big = {"prompt": "Once upon a time", "max_tokens": 60, "n": 3, "temperature": 0,
            "ignore_eos": True}            # 3 x ceil(65 / 16) = 15 blocks
     other = {"prompt": "The cat", "max_tokens": 40, "temperature": 0,

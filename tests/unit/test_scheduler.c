@@ -244,7 +244,7 @@ static void expected_ids(int n_prompt, int n, int32_t *out)
 static void test_window_and_output(void **state)
 {
     (void)state;
-    rig *g = rig_new((rig_opts){.max_batch = 4, .window_ms = 50});
+    rig *g = rig_new((rig_opts){.max_batch = 4, .window_ms = 50, .mode = DOL_BATCH_STATIC});
     treq *r = req(5, 6, 1, 0);
     double t0 = g_now;
     assert_int_equal(submit(g, r), DOL_REASON_NONE);
@@ -269,6 +269,68 @@ static void test_window_and_output(void **state)
     /* one prefill, then a decode step per token but the first (from prefill) */
     assert_int_equal(g_forwards, 6);
     req_free(r);
+    rig_free(g);
+}
+
+/* Continuous mode: the window (50 ms) also closes after 5 ms without an
+ * arrival; a trickle of arrivals keeps it open up to its length. */
+static void test_window_closes_when_arrivals_stop(void **state)
+{
+    (void)state;
+    rig *g = rig_new((rig_opts){.max_batch = 16, .window_ms = 50});
+    treq *lone = req(5, 2, 1, 0);
+    double t0 = g_now;
+    assert_int_equal(submit(g, lone), DOL_REASON_NONE);
+    g_now = t0 + 4.9;
+    dol_scheduler_tick(g->s);
+    assert_true(started(lone) == 0);
+    g_now = t0 + 5.0;
+    dol_scheduler_tick(g->s);             /* 5 ms without company */
+    assert_true(started(lone) == t0 + 5.0);
+    run_idle(g, 20);
+    assert_true(done(lone));
+
+    /* three arrivals 4 ms apart: one batch, 5 ms after the last */
+    treq *r[3];
+    t0 = g_now;
+    for (int i = 0; i < 3; i++) {
+        g_now = t0 + 4.0 * i;
+        r[i] = req(3 + i, 2, 1, 0);
+        assert_int_equal(submit(g, r[i]), DOL_REASON_NONE);
+        dol_scheduler_tick(g->s);
+        assert_true(started(r[0]) == 0);
+    }
+    g_now = t0 + 12.9;
+    dol_scheduler_tick(g->s);
+    assert_true(started(r[0]) == 0);
+    g_now = t0 + 13.0;
+    dol_scheduler_tick(g->s);
+    for (int i = 0; i < 3; i++) assert_true(started(r[i]) == t0 + 13.0);
+    run_idle(g, 50);
+    for (int i = 0; i < 3; i++) {
+        assert_true(done(r[i]));
+        req_free(r[i]);
+    }
+
+    /* arrivals every 4 ms: the window still ends 50 ms after the first */
+    treq *t[13];
+    t0 = g_now;
+    for (int i = 0; i < 13; i++) {       /* t0 .. t0 + 48 */
+        g_now = t0 + 4.0 * i;
+        t[i] = req(3, 2, 1, 0);
+        assert_int_equal(submit(g, t[i]), DOL_REASON_NONE);
+        dol_scheduler_tick(g->s);
+        assert_true(started(t[0]) == 0);
+    }
+    g_now = t0 + 50.0;
+    dol_scheduler_tick(g->s);
+    for (int i = 0; i < 13; i++) assert_true(started(t[i]) == t0 + 50.0);
+    run_idle(g, 200);
+    for (int i = 0; i < 13; i++) {
+        assert_true(done(t[i]));
+        req_free(t[i]);
+    }
+    req_free(lone);
     rig_free(g);
 }
 
@@ -553,6 +615,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_window_and_output),
+        cmocka_unit_test(test_window_closes_when_arrivals_stop),
         cmocka_unit_test(test_full_batch_skips_window_and_caps),
         cmocka_unit_test(test_priority_then_arrival),
         cmocka_unit_test(test_continuous_vs_static),
