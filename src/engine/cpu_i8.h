@@ -9,7 +9,10 @@
  * The kernels (cpu_k_i8.c) are written once and compiled per instruction
  * set, each compilation exporting one dol_cpu_i8 table:
  *
- *   avx2        -mavx2 -mfma -mf16c: u8 x s8 pairs (vpmaddubsw, vpmaddwd)
+ *   avx2        -mavx2 -mfma -mf16c: u8 x s8 pairs (vpmaddubsw, vpmaddwd);
+ *               weights of at most 7 bits unsigned go in as u = w + 2^k
+ *               (or w) against q, less 2^k times the pair sums of q, the
+ *               8-bit ones as |w| against q with w's sign
  *   avxvnni     + -mavxvnni: vpdpbusd in VEX form
  *   avx512vnni  + -mavx512f/bw/dq/vl -mavx512vnni: vpdpbusd in EVEX form,
  *               a pair of blocks per 512-bit vector; below 16 rows of x

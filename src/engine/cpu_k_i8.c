@@ -68,6 +68,21 @@ static inline __m256i dot(__m256i w, __m256i aux, __m256i x)
 }
 #endif
 
+/* AVX2 with weights that fit 7 bits unsigned (u = w + c, c = 0 or a power
+ * of two, u < 128; the format's OFF below): lane j of u . q less c times
+ * lane j of 1 . q (xc, per block of x). The pair sums stay within 16 bits
+ * (|.| < 2^15 before and after the subtraction), so the lanes are the
+ * exact sums of w_i q_i of dot, without its two sign operations. */
+#define I8_UNS(OFF) (I8_ID == 1 && (OFF) <= 6)
+#define I8_U(w, OFF) ((OFF) ? _mm256_add_epi8((w), _mm256_set1_epi8((char)(1 << (OFF)))) : (w))
+static inline __m256i xcorr(__m256i q, int off) { return _mm256_maddubs_epi16(_mm256_set1_epi8((char)(1 << off)), q); }
+static inline __m256i udot(__m256i u, __m256i q, __m256i xc, int off)
+{
+    __m256i p = _mm256_maddubs_epi16(u, q);
+    if (off) p = _mm256_sub_epi16(p, xc);
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
 static inline float hsum8(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -221,6 +236,76 @@ static inline blk dec_q5_k(const dol_i8_weight *W, int n, int b)
                   _mm256_set1_ps(f16_at(p + 2) * (float)mn) };
 }
 
+/* The 256-bit tiles read Q4_K, Q5_K and Q6_K through their super-blocks:
+ * the scales (and minima) of super-block sb of row n once (sb8: sw[8] and
+ * mw[8], Q6_K's sw[16]; the products of dec_*), then each block's quants
+ * (decs), the same values as DEC's. */
+#define K4_IDX(i) ((int)(0x80808000u | (i))) /* byte i into a 32-bit lane (-1: zero) */
+static inline void k4_sb8(const uint8_t *p, float *sw, float *mw)
+{
+    /* dol_blk_k4_scale_min for j = 0..7 in the 32-bit lanes: sc_j from
+     * byte A_j (and C_j's top 2 bits), mn_j from byte B_j (and D_j's) */
+    const __m256i s = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 4))); /* + 4 qs bytes */
+    const __m256i A = _mm256_shuffle_epi8(s, _mm256_set_epi32(K4_IDX(11), K4_IDX(10), K4_IDX(9), K4_IDX(8), K4_IDX(3), K4_IDX(2), K4_IDX(1), K4_IDX(0)));
+    const __m256i B = _mm256_shuffle_epi8(s, _mm256_set_epi32(K4_IDX(11), K4_IDX(10), K4_IDX(9), K4_IDX(8), K4_IDX(7), K4_IDX(6), K4_IDX(5), K4_IDX(4)));
+    const __m256i C = _mm256_shuffle_epi8(s, _mm256_set_epi32(K4_IDX(3), K4_IDX(2), K4_IDX(1), K4_IDX(0), -1, -1, -1, -1));
+    const __m256i D = _mm256_shuffle_epi8(s, _mm256_set_epi32(K4_IDX(7), K4_IDX(6), K4_IDX(5), K4_IDX(4), -1, -1, -1, -1));
+    const __m256i lo = _mm256_set_epi32(15, 15, 15, 15, 63, 63, 63, 63);
+    const __m256i sc = _mm256_or_si256(_mm256_and_si256(A, lo), _mm256_slli_epi32(_mm256_srli_epi32(C, 6), 4));
+    const __m256i mn = _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(B, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0)), lo),
+                                       _mm256_slli_epi32(_mm256_srli_epi32(D, 6), 4));
+    _mm256_storeu_ps(sw, _mm256_mul_ps(_mm256_set1_ps(f16_at(p)), _mm256_cvtepi32_ps(sc)));
+    _mm256_storeu_ps(mw, _mm256_mul_ps(_mm256_set1_ps(f16_at(p + 2)), _mm256_cvtepi32_ps(mn)));
+}
+static inline void q4_k_sb8(const dol_i8_weight *W, int n, int sb, float *sw, float *mw)
+{
+    k4_sb8(W->base + (size_t)n * W->row_bytes + (size_t)sb * 144, sw, mw);
+}
+static inline void q5_k_sb8(const dol_i8_weight *W, int n, int sb, float *sw, float *mw)
+{
+    k4_sb8(W->base + (size_t)n * W->row_bytes + (size_t)sb * 176, sw, mw);
+}
+static inline blk q4_k_decs(const dol_i8_weight *W, int n, int b, const float *sw, const float *mw)
+{
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 144;
+    const int j = b & 7;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * (j >> 1)));
+    const __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(0xF));
+    return (blk){ q, _mm256_broadcast_ss(sw + j), _mm256_broadcast_ss(mw + j) };
+}
+static inline blk q5_k_decs(const dol_i8_weight *W, int n, int b, const float *sw, const float *mw)
+{
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 176;
+    const int j = b & 7;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 48 + 32 * (j >> 1)));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(0xF));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
+    const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+    const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16));
+    return (blk){ _mm256_or_si256(lo, hi), _mm256_broadcast_ss(sw + j), _mm256_broadcast_ss(mw + j) };
+}
+/* The other formats decode each block whole (SB 0 in I8_PRODUCT). */
+#define I8_NO_SB(NAME)                                                                            \
+    static inline void NAME##_sb8(const dol_i8_weight *W, int n, int sb, float *sw, float *mw)     \
+    {                                                                                              \
+        (void)W, (void)n, (void)sb, (void)sw, (void)mw;                                            \
+    }                                                                                              \
+    static inline blk NAME##_decs(const dol_i8_weight *W, int n, int b, const float *sw,          \
+                                  const float *mw)                                                 \
+    {                                                                                              \
+        (void)W, (void)n, (void)b, (void)sw, (void)mw;                                             \
+        return (blk){ _mm256_setzero_si256(), _mm256_setzero_ps(), _mm256_setzero_ps() };          \
+    }
+I8_NO_SB(q8_0)
+I8_NO_SB(q4_0)
+I8_NO_SB(q4_1)
+I8_NO_SB(q5_0)
+I8_NO_SB(q5_1)
+I8_NO_SB(q2_k)
+I8_NO_SB(q3_k)
+I8_NO_SB(nf4)
+I8_NO_SB(q8)
+
 static inline blk dec_q6_k(const dol_i8_weight *W, int n, int b)
 {
     const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 210;
@@ -234,6 +319,31 @@ static inline blk dec_q6_k(const dol_i8_weight *W, int n, int b)
     const float d = f16_at(p + 208);
     const int8_t *sc = (const int8_t *)(p + 192 + 8 * h + 2 * qd);
     return (blk){ q, halves(d * (float)sc[0], d * (float)sc[1]), _mm256_setzero_ps() };
+}
+
+/* Q6_K through its super-blocks (as Q4_K above): the 16 scales of its
+ * half-blocks times d, then each block's quants. */
+static inline void q6_k_sb8(const dol_i8_weight *W, int n, int sb, float *sw, float *mw)
+{
+    (void)mw;
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)sb * 210;
+    const __m256 d = _mm256_set1_ps(f16_at(p + 208));
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(p + 192));
+    _mm256_storeu_ps(sw, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_storeu_ps(sw + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+}
+static inline blk q6_k_decs(const dol_i8_weight *W, int n, int b, const float *sw, const float *mw)
+{
+    (void)mw;
+    const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 210;
+    const int j = b & 7, h = j >> 2, qd = j & 3;
+    const __m256i lb = _mm256_loadu_si256((const __m256i *)(p + 64 * h + ((qd & 1) ? 32 : 0)));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(lb, _mm_cvtsi32_si128((qd & 2) ? 4 : 0)), _mm256_set1_epi8(0xF));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+    const __m256i hi = _mm256_and_si256(_mm256_sll_epi16(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qd)), _mm_cvtsi32_si128(4)),
+                                        _mm256_set1_epi8(0x30));
+    const __m256 s = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(sw + 2 * j)), _mm_broadcast_ss(sw + 2 * j + 1), 1);
+    return (blk){ _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32)), s, _mm256_setzero_ps() };
 }
 
 /* Dolphin's NF4 (nf4.h): blocks of 64, codes of weight i and i + 32 in
@@ -311,26 +421,39 @@ typedef struct {
  * even blocks and one for the odd ones (a 512-bit vector holds both), and
  * is their lane-wise sum, summed across lanes (cpu_i8.h). */
 
-/* Block b of the tile into accumulator half H: rows r < R of W (k[r])
- * against columns c < C of x; the operations of cpu_i8.h, in its order. */
-#define I8_STEP(MIN, H)                                                                           \
+/* Block b of the tile into accumulator half H: rows r < R of W (KROW, an
+ * expression of r giving the row's pblk, taken one row at a time so that
+ * few rows' blocks are live at once) against columns c < C of x; the
+ * operations of cpu_i8.h, in its order. */
+#define I8_STEP(MIN, H, OFF, KROW)                                                                \
     do {                                                                                          \
-        __m256i xq[2];                                                                            \
+        __m256i xq[2], xc[2];                                                                     \
         __m256 dx[2], xs[2];                                                                      \
         for (int c = 0; c < C; c++) {                                                             \
             const size_t o = (size_t)(t + c) * (size_t)nb + (size_t)b;                            \
             xq[c] = xform(_mm256_loadu_si256((const __m256i *)(a->q + o * 32)));                  \
+            if (I8_UNS(OFF) && OFF) xc[c] = xcorr(xq[c], OFF);                                    \
             dx[c] = _mm256_broadcast_ss(a->d + o);                                                \
             if (MIN) xs[c] = _mm256_loadu_ps(a->s + o * 8);                                       \
         }                                                                                         \
-        for (int r = 0; r < R; r++)                                                               \
+        for (int r = 0; r < R; r++) {                                                             \
+            const pblk kr = KROW;                                                                 \
             for (int c = 0; c < C; c++) {                                                         \
-                const __m256i I = dot(k[r].w, k[r].aux, xq[c]);                                   \
-                acc[r][c][H] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(k[r].sw, dx[c]), \
+                const __m256i I = I8_UNS(OFF) ? udot(kr.w, xq[c], xc[c], OFF)                     \
+                                              : dot(kr.w, kr.aux, xq[c]);                         \
+                acc[r][c][H] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(kr.sw, dx[c]), \
                                                acc[r][c][H]);                                     \
-                if (MIN) acc[r][c][H] = _mm256_fnmadd_ps(k[r].mw, xs[c], acc[r][c][H]);          \
+                if (MIN) acc[r][c][H] = _mm256_fnmadd_ps(kr.mw, xs[c], acc[r][c][H]);            \
             }                                                                                     \
+        }                                                                                         \
     } while (0)
+
+/* Row r's block b from a panel (I8_STEP's KROW). */
+#define I8_KPAN(r)                                                                                \
+    ((pblk){ pan[(size_t)(r) * (size_t)np + (size_t)(b >> 1)].w[b & 1],                           \
+             pan[(size_t)(r) * (size_t)np + (size_t)(b >> 1)].aux[b & 1],                         \
+             pan[(size_t)(r) * (size_t)np + (size_t)(b >> 1)].sw[b & 1],                          \
+             pan[(size_t)(r) * (size_t)np + (size_t)(b >> 1)].mw[b & 1] })
 
 #define I8_STORE()                                                                                \
     for (int r = 0; r < R; r++)                                                                   \
@@ -773,7 +896,15 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
  * the same from a panel of R decoded rows; NAME_rows: rows n0 .. n1-1 for
  * every column, through panels from I8_PANEL_MIN_T columns on. The same
  * operations for every output whatever R, C or the path (cpu_i8.h). */
-#define I8_PRODUCT(NAME, DEC, MIN, ROWP, OFF, L2)                                                 \
+#define I8_PRODUCT(NAME, DEC, MIN, ROWP, OFF, L2, SB)                                             \
+    /* block b of row n, decoded for I8_STEP (sw, mw: the super-block's, SB) */                \
+    static inline __attribute__((always_inline, unused)) pblk NAME##_kdec(                        \
+        const dol_i8_weight *W, int n, int b, const float *sw, const float *mw)                    \
+    {                                                                                              \
+        const blk d = SB ? NAME##_decs(W, n, b, sw, mw) : DEC(W, n, b);                            \
+        return I8_UNS(OFF) ? (pblk){ I8_U(d.w, OFF), d.w, d.sw, d.mw }                             \
+                           : (pblk){ d.w, prep(d.w), d.sw, d.mw };                                 \
+    }                                                                                              \
     static inline __attribute__((always_inline, unused)) void NAME##_tile(                        \
         float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n, int t,            \
         const int R, const int C)                                                                  \
@@ -783,19 +914,17 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
          * several streams are too short for the hardware prefetcher to train) */                  \
         size_t len;                                                                                \
         const uint8_t *pf = n + 2 * R <= W->N ? ROWP(W, n + R, &len) : NULL;                       \
-        const size_t pf_len = pf ? (size_t)R * len : 0;                                            \
+        const size_t pf_len = pf ? (size_t)R * len : 0, pf_step = pf_len / (size_t)nb;             \
+        size_t pf_o = 0, pf_e = 0;                                                                 \
+        float sbw[SB ? I8_ROWS : 1][16], sbm[SB ? I8_ROWS : 1][8];                                 \
         I8_ZERO();                                                                                 \
         for (int b = 0; b < nb; b++) {                                                             \
-            for (size_t o = ((size_t)b * pf_len / (size_t)nb) & ~(size_t)63,                       \
-                        e = (size_t)(b + 1) * pf_len / (size_t)nb; o < e; o += 64)                 \
-                _mm_prefetch((const char *)pf + o, _MM_HINT_T0);                                   \
-            pblk k[I8_ROWS];                                                                       \
-            for (int r = 0; r < R; r++) {                                                          \
-                const blk d = DEC(W, n + r, b);                                                    \
-                k[r] = (pblk){ d.w, prep(d.w), d.sw, d.mw };                                       \
-            }                                                                                      \
-            if (b & 1) I8_STEP(MIN, 1);                                                            \
-            else I8_STEP(MIN, 0);                                                                  \
+            pf_e = b + 1 < nb ? pf_e + pf_step : pf_len;                                           \
+            for (; pf_o < pf_e; pf_o += 64) _mm_prefetch((const char *)pf + pf_o, _MM_HINT_T0);    \
+            if (SB && (b & 7) == 0)                                                                \
+                for (int r = 0; r < R; r++) NAME##_sb8(W, n + r, b >> 3, sbw[SB ? r : 0], sbm[SB ? r : 0]); \
+            if (b & 1) I8_STEP(MIN, 1, OFF, NAME##_kdec(W, n + r, b, sbw[SB ? r : 0], sbm[SB ? r : 0])); \
+            else I8_STEP(MIN, 0, OFF, NAME##_kdec(W, n + r, b, sbw[SB ? r : 0], sbm[SB ? r : 0]));  \
         }                                                                                          \
         I8_STORE();                                                                                \
     }                                                                                              \
@@ -806,14 +935,8 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
         const int nb = a->nb, np = (nb + 1) / 2;                                                   \
         I8_ZERO();                                                                                 \
         for (int b = 0; b < nb; b++) {                                                             \
-            pblk k[I8_ROWS];                                                                       \
-            for (int r = 0; r < R; r++) {                                                          \
-                const ppair *e = pan + (size_t)r * (size_t)np + (size_t)(b >> 1);                  \
-                const int h = b & 1;                                                               \
-                k[r] = (pblk){ e->w[h], e->aux[h], e->sw[h], e->mw[h] };                           \
-            }                                                                                      \
-            if (b & 1) I8_STEP(MIN, 1);                                                            \
-            else I8_STEP(MIN, 0);                                                                  \
+            if (b & 1) I8_STEP(MIN, 1, OFF, I8_KPAN(r));                                           \
+            else I8_STEP(MIN, 0, OFF, I8_KPAN(r));                                                 \
         }                                                                                          \
         I8_STORE();                                                                                \
     }                                                                                              \
@@ -833,7 +956,8 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
                         const blk d = DEC(W, n + r, b);                                            \
                         ppair *e = row + (b >> 1);                                                 \
                         const int h = b & 1;                                                       \
-                        e->w[h] = d.w, e->aux[h] = prep(d.w), e->sw[h] = d.sw, e->mw[h] = d.mw;    \
+                        e->w[h] = I8_UNS(OFF) ? I8_U(d.w, OFF) : d.w;                              \
+                        e->aux[h] = I8_UNS(OFF) ? d.w : prep(d.w), e->sw[h] = d.sw, e->mw[h] = d.mw; \
                     }                                                                              \
                     if (nb & 1) {                                                                  \
                         ppair *e = row + np - 1;                                                   \
@@ -850,19 +974,20 @@ static inline zblk q6_k_dec2(const dol_i8_weight *W, int n, int p, __m512 side)
     }
 
 /* OFF: the 512-bit in-register tiles take the format's pairs as w + 2^OFF;
- * L2: their decode prefetches into L2 (I8_ZTILE). */
-I8_PRODUCT(q8_0, dec_q8_0, 0, row_gguf, 7, 1)
-I8_PRODUCT(q4_0, dec_q4_0, 0, row_gguf, 3, 0)
-I8_PRODUCT(q4_1, dec_q4_1, 1, row_gguf, 0, 0)
-I8_PRODUCT(q5_0, dec_q5_0, 0, row_gguf, 4, 0)
-I8_PRODUCT(q5_1, dec_q5_1, 1, row_gguf, 0, 0)
-I8_PRODUCT(q2_k, dec_q2_k, 1, row_gguf, 0, 0)
-I8_PRODUCT(q3_k, dec_q3_k, 0, row_gguf, 2, 0)
-I8_PRODUCT(q4_k, dec_q4_k, 1, row_gguf, 0, 0)
-I8_PRODUCT(q5_k, dec_q5_k, 1, row_gguf, 0, 0)
-I8_PRODUCT(q6_k, dec_q6_k, 0, row_gguf, 5, 0)
-I8_PRODUCT(nf4, dec_nf4, 0, row_nf4, 7, 0)
-I8_PRODUCT(q8, dec_q8, 0, row_q8, 7, 1)
+ * L2: their decode prefetches into L2 (I8_ZTILE); SB: the 256-bit tiles
+ * decode the scales of a super-block at once (NAME_sb8, NAME_decs). */
+I8_PRODUCT(q8_0, dec_q8_0, 0, row_gguf, 7, 1, 0)
+I8_PRODUCT(q4_0, dec_q4_0, 0, row_gguf, 3, 0, 0)
+I8_PRODUCT(q4_1, dec_q4_1, 1, row_gguf, 0, 0, 0)
+I8_PRODUCT(q5_0, dec_q5_0, 0, row_gguf, 4, 0, 0)
+I8_PRODUCT(q5_1, dec_q5_1, 1, row_gguf, 0, 0, 0)
+I8_PRODUCT(q2_k, dec_q2_k, 1, row_gguf, 0, 0, 0)
+I8_PRODUCT(q3_k, dec_q3_k, 0, row_gguf, 2, 0, 0)
+I8_PRODUCT(q4_k, dec_q4_k, 1, row_gguf, 0, 0, 1)
+I8_PRODUCT(q5_k, dec_q5_k, 1, row_gguf, 0, 0, 1)
+I8_PRODUCT(q6_k, dec_q6_k, 0, row_gguf, 5, 0, 1)
+I8_PRODUCT(nf4, dec_nf4, 0, row_nf4, 7, 0, 0)
+I8_PRODUCT(q8, dec_q8, 0, row_q8, 7, 1, 0)
 
 static void i8_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_weight *W, int n0, int n1,
                     void *scratch)
