@@ -210,30 +210,45 @@ static inline blk dec_q3_k(const dol_i8_weight *W, int n, int b)
     return (blk){ _mm256_sub_epi8(d.w, _mm256_set1_epi8(4)), d.sw, d.mw };
 }
 
+/* The quants of block j of a Q4_K / Q5_K / Q6_K super-block at p. */
+static inline __m256i q4_k_qs(const uint8_t *p, int j)
+{
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * (j >> 1)));
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(0xF));
+}
+static inline __m256i q5_k_qs(const uint8_t *p, int j)
+{
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 48 + 32 * (j >> 1)));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(0xF));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
+    const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+    return _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16)));
+}
+static inline __m256i q6_k_qs(const uint8_t *p, int j) /* w, -32..31 */
+{
+    const int h = j >> 2, qd = j & 3;
+    const __m256i lb = _mm256_loadu_si256((const __m256i *)(p + 64 * h + ((qd & 1) ? 32 : 0)));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(lb, _mm_cvtsi32_si128((qd & 2) ? 4 : 0)), _mm256_set1_epi8(0xF));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+    const __m256i hi = _mm256_and_si256(_mm256_sll_epi16(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qd)), _mm_cvtsi32_si128(4)),
+                                        _mm256_set1_epi8(0x30));
+    return _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+}
+
 static inline blk dec_q4_k(const dol_i8_weight *W, int n, int b)
 {
     const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 144;
-    const int j = b & 7;
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * (j >> 1)));
-    const __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(0xF));
     int sc, mn;
-    dol_blk_k4_scale_min(j, p + 4, &sc, &mn);
-    return (blk){ q, _mm256_set1_ps(f16_at(p) * (float)sc), _mm256_set1_ps(f16_at(p + 2) * (float)mn) };
+    dol_blk_k4_scale_min(b & 7, p + 4, &sc, &mn);
+    return (blk){ q4_k_qs(p, b & 7), _mm256_set1_ps(f16_at(p) * (float)sc), _mm256_set1_ps(f16_at(p + 2) * (float)mn) };
 }
 
 static inline blk dec_q5_k(const dol_i8_weight *W, int n, int b)
 {
     const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 176;
-    const int j = b & 7;
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 48 + 32 * (j >> 1)));
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(0xF));
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
-    const __m256i bit = _mm256_set1_epi8((char)(1 << j));
-    const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16));
     int sc, mn;
-    dol_blk_k4_scale_min(j, p + 4, &sc, &mn);
-    return (blk){ _mm256_or_si256(lo, hi), _mm256_set1_ps(f16_at(p) * (float)sc),
-                  _mm256_set1_ps(f16_at(p + 2) * (float)mn) };
+    dol_blk_k4_scale_min(b & 7, p + 4, &sc, &mn);
+    return (blk){ q5_k_qs(p, b & 7), _mm256_set1_ps(f16_at(p) * (float)sc), _mm256_set1_ps(f16_at(p + 2) * (float)mn) };
 }
 
 /* The 256-bit tiles read Q4_K, Q5_K and Q6_K through their super-blocks:
@@ -268,21 +283,12 @@ static inline void q5_k_sb8(const dol_i8_weight *W, int n, int sb, float *sw, fl
 static inline blk q4_k_decs(const dol_i8_weight *W, int n, int b, const float *sw, const float *mw)
 {
     const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 144;
-    const int j = b & 7;
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * (j >> 1)));
-    const __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(0xF));
-    return (blk){ q, _mm256_broadcast_ss(sw + j), _mm256_broadcast_ss(mw + j) };
+    return (blk){ q4_k_qs(p, b & 7), _mm256_broadcast_ss(sw + (b & 7)), _mm256_broadcast_ss(mw + (b & 7)) };
 }
 static inline blk q5_k_decs(const dol_i8_weight *W, int n, int b, const float *sw, const float *mw)
 {
     const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 176;
-    const int j = b & 7;
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 48 + 32 * (j >> 1)));
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(0xF));
-    const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 16));
-    const __m256i bit = _mm256_set1_epi8((char)(1 << j));
-    const __m256i hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16));
-    return (blk){ _mm256_or_si256(lo, hi), _mm256_broadcast_ss(sw + j), _mm256_broadcast_ss(mw + j) };
+    return (blk){ q5_k_qs(p, b & 7), _mm256_broadcast_ss(sw + (b & 7)), _mm256_broadcast_ss(mw + (b & 7)) };
 }
 /* The other formats decode each block whole (SB 0 in I8_PRODUCT). */
 #define I8_NO_SB(NAME)                                                                            \
@@ -309,16 +315,10 @@ I8_NO_SB(q8)
 static inline blk dec_q6_k(const dol_i8_weight *W, int n, int b)
 {
     const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 210;
-    const int j = b & 7, h = j >> 2, qd = j & 3;
-    const __m256i lb = _mm256_loadu_si256((const __m256i *)(p + 64 * h + ((qd & 1) ? 32 : 0)));
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(lb, _mm_cvtsi32_si128((qd & 2) ? 4 : 0)), _mm256_set1_epi8(0xF));
-    const __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
-    const __m256i hi = _mm256_and_si256(_mm256_sll_epi16(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qd)), _mm_cvtsi32_si128(4)),
-                                        _mm256_set1_epi8(0x30));
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+    const int j = b & 7;
     const float d = f16_at(p + 208);
-    const int8_t *sc = (const int8_t *)(p + 192 + 8 * h + 2 * qd);
-    return (blk){ q, halves(d * (float)sc[0], d * (float)sc[1]), _mm256_setzero_ps() };
+    const int8_t *sc = (const int8_t *)(p + 192 + 2 * j);
+    return (blk){ q6_k_qs(p, j), halves(d * (float)sc[0], d * (float)sc[1]), _mm256_setzero_ps() };
 }
 
 /* Q6_K through its super-blocks (as Q4_K above): the 16 scales of its
@@ -336,14 +336,9 @@ static inline blk q6_k_decs(const dol_i8_weight *W, int n, int b, const float *s
 {
     (void)mw;
     const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)(b >> 3) * 210;
-    const int j = b & 7, h = j >> 2, qd = j & 3;
-    const __m256i lb = _mm256_loadu_si256((const __m256i *)(p + 64 * h + ((qd & 1) ? 32 : 0)));
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(lb, _mm_cvtsi32_si128((qd & 2) ? 4 : 0)), _mm256_set1_epi8(0xF));
-    const __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
-    const __m256i hi = _mm256_and_si256(_mm256_sll_epi16(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * qd)), _mm_cvtsi32_si128(4)),
-                                        _mm256_set1_epi8(0x30));
+    const int j = b & 7;
     const __m256 s = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(sw + 2 * j)), _mm_broadcast_ss(sw + 2 * j + 1), 1);
-    return (blk){ _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32)), s, _mm256_setzero_ps() };
+    return (blk){ q6_k_qs(p, j), s, _mm256_setzero_ps() };
 }
 
 /* Dolphin's NF4 (nf4.h): blocks of 64, codes of weight i and i + 32 in

@@ -272,65 +272,44 @@ static void test_window_and_output(void **state)
     rig_free(g);
 }
 
+/* n requests `gap` ms apart, a tick after each: none starts before `at` ms
+ * after the first, all start then, and all complete. */
+static void trickle_starts_at(rig *g, int n, double gap, double at)
+{
+    treq *t[16];
+    const double t0 = g_now;
+    assert_true(n <= 16);
+    for (int i = 0; i < n; i++) {
+        g_now = t0 + gap * i;
+        t[i] = req(3 + i % 3, 2, 1, 0);
+        assert_int_equal(submit(g, t[i]), DOL_REASON_NONE);
+        dol_scheduler_tick(g->s);
+        assert_true(started(t[0]) == 0);
+    }
+    g_now = t0 + at - 0.1;
+    dol_scheduler_tick(g->s);
+    assert_true(started(t[0]) == 0);
+    g_now = t0 + at;
+    dol_scheduler_tick(g->s);
+    for (int i = 0; i < n; i++) assert_true(started(t[i]) == t0 + at);
+    run_idle(g, 200);
+    for (int i = 0; i < n; i++) {
+        assert_true(done(t[i]));
+        req_free(t[i]);
+    }
+}
+
 /* Continuous mode: the window (50 ms) also closes after 5 ms without an
  * arrival; a trickle of arrivals keeps it open up to its length. */
 static void test_window_closes_when_arrivals_stop(void **state)
 {
     (void)state;
     rig *g = rig_new((rig_opts){.max_batch = 16, .window_ms = 50});
-    treq *lone = req(5, 2, 1, 0);
-    double t0 = g_now;
-    assert_int_equal(submit(g, lone), DOL_REASON_NONE);
-    g_now = t0 + 4.9;
-    dol_scheduler_tick(g->s);
-    assert_true(started(lone) == 0);
-    g_now = t0 + 5.0;
-    dol_scheduler_tick(g->s);             /* 5 ms without company */
-    assert_true(started(lone) == t0 + 5.0);
-    run_idle(g, 20);
-    assert_true(done(lone));
-
+    trickle_starts_at(g, 1, 0.0, 5.0);    /* alone: 5 ms without company */
     /* three arrivals 4 ms apart: one batch, 5 ms after the last */
-    treq *r[3];
-    t0 = g_now;
-    for (int i = 0; i < 3; i++) {
-        g_now = t0 + 4.0 * i;
-        r[i] = req(3 + i, 2, 1, 0);
-        assert_int_equal(submit(g, r[i]), DOL_REASON_NONE);
-        dol_scheduler_tick(g->s);
-        assert_true(started(r[0]) == 0);
-    }
-    g_now = t0 + 12.9;
-    dol_scheduler_tick(g->s);
-    assert_true(started(r[0]) == 0);
-    g_now = t0 + 13.0;
-    dol_scheduler_tick(g->s);
-    for (int i = 0; i < 3; i++) assert_true(started(r[i]) == t0 + 13.0);
-    run_idle(g, 50);
-    for (int i = 0; i < 3; i++) {
-        assert_true(done(r[i]));
-        req_free(r[i]);
-    }
-
+    trickle_starts_at(g, 3, 4.0, 13.0);
     /* arrivals every 4 ms: the window still ends 50 ms after the first */
-    treq *t[13];
-    t0 = g_now;
-    for (int i = 0; i < 13; i++) {       /* t0 .. t0 + 48 */
-        g_now = t0 + 4.0 * i;
-        t[i] = req(3, 2, 1, 0);
-        assert_int_equal(submit(g, t[i]), DOL_REASON_NONE);
-        dol_scheduler_tick(g->s);
-        assert_true(started(t[0]) == 0);
-    }
-    g_now = t0 + 50.0;
-    dol_scheduler_tick(g->s);
-    for (int i = 0; i < 13; i++) assert_true(started(t[i]) == t0 + 50.0);
-    run_idle(g, 200);
-    for (int i = 0; i < 13; i++) {
-        assert_true(done(t[i]));
-        req_free(t[i]);
-    }
-    req_free(lone);
+    trickle_starts_at(g, 13, 4.0, 50.0);
     rig_free(g);
 }
 
