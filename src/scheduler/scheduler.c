@@ -1034,6 +1034,7 @@ static void run_step(dol_scheduler *s)
 }
 
 static void update_stats(dol_scheduler *s);
+static void sample_memory(dol_scheduler *s, bool force);
 
 /* Cancelled, disconnected and timed-out requests, queued or running. */
 static void reap(dol_scheduler *s)
@@ -1065,8 +1066,12 @@ static void reap(dol_scheduler *s)
         reaped = true;
         fail_request(s, r, gone ? DOL_REASON_CANCELLED : DOL_REASON_TIMED_OUT);
     }
-    /* Publish the freed blocks now: the loop may go idle (and sleep) next. */
-    if (reaped) update_stats(s);
+    /* Publish the freed blocks and memory now: the loop may go idle (and
+     * sleep) next. */
+    if (reaped) {
+        update_stats(s);
+        sample_memory(s, true);
+    }
 }
 
 /* Device memory for the readiness probe and /metrics. Sampled right after
