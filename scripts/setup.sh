@@ -17,7 +17,7 @@ PKGS=(
   libmicrohttpd-dev libcjson-dev libyaml-dev libsentencepiece-dev
   libprotobuf-dev protobuf-compiler
   libcmocka-dev
-  libssl-dev libxxhash-dev
+  nettle-dev libxxhash-dev
   python3 python3-venv python3-pytest python3-requests python3-yaml python3-scipy
   curl nginx-light prometheus
   clang libclang-rt-14-dev

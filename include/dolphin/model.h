@@ -240,7 +240,7 @@ size_t dol_model_release(const dol_model *m, const dol_tensor *t);
  * must hold m alone (no other thread reads it meanwhile). */
 size_t dol_model_drop_copies(dol_model *m);
 
-/* A SHA-256 (FIPS 180-4, OpenSSL's libcrypto) that changes whenever the
+/* A SHA-256 (FIPS 180-4, GNU Nettle's) that changes whenever the
  * checkpoint m was loaded from is changed on disk, for keying caches of
  * what is derived from its weights (docs/configuration.md, "The
  * prepared-weights cache"). It covers the bytes of config.json (and of

@@ -8,31 +8,6 @@
 #include "engine/cpu_kernels.h"
 #include "engine/quant_blocks.h"
 
-/* QLoRA (Dettmers et al. 2023, arXiv:2305.14314), Appendix E: the NF4 data
- * type. 2^3 positive quantiles of N(0,1) and 2^3 - 1 negative ones (plus an
- * exact zero), normalized to [-1, 1]; the values bitsandbytes ships. */
-#define NF4_L0 -1.0f
-#define NF4_L1 -0.6961928009986877f
-#define NF4_L2 -0.5250730514526367f
-#define NF4_L3 -0.39491748809814453f
-#define NF4_L4 -0.28444138169288635f
-#define NF4_L5 -0.18477343022823334f
-#define NF4_L6 -0.09105003625154495f
-#define NF4_L7 0.0f
-#define NF4_L8 0.07958029955625534f
-#define NF4_L9 0.16093020141124725f
-#define NF4_L10 0.24611230194568634f
-#define NF4_L11 0.33791524171829224f
-#define NF4_L12 0.44070982933044434f
-#define NF4_L13 0.5626170039176941f
-#define NF4_L14 0.7229568362236023f
-#define NF4_L15 1.0f
-
-const float dol_nf4_levels[16] = {
-    NF4_L0, NF4_L1, NF4_L2,  NF4_L3,  NF4_L4,  NF4_L5,  NF4_L6,  NF4_L7,
-    NF4_L8, NF4_L9, NF4_L10, NF4_L11, NF4_L12, NF4_L13, NF4_L14, NF4_L15,
-};
-
 /* Midpoints between adjacent levels, in float. */
 #define MID(a, b) (0.5f * ((a) + (b)))
 static const float NF4_MID[15] = {

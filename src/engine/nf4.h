@@ -48,8 +48,28 @@
 
 #define DOL_NF4_BLOCK 64
 
-/* The 16 NF4 levels, ascending (QLoRA, Appendix E; the same float32 values
- * as bitsandbytes' NF4 code book). */
+/* QLoRA (Dettmers et al. 2023, arXiv:2305.14314), Appendix E: the NF4 data
+ * type. 2^3 positive quantiles of N(0,1) and 2^3 - 1 negative ones (plus an
+ * exact zero), normalized to [-1, 1]; the values bitsandbytes ships. */
+#define NF4_L0 -1.0f
+#define NF4_L1 -0.6961928009986877f
+#define NF4_L2 -0.5250730514526367f
+#define NF4_L3 -0.39491748809814453f
+#define NF4_L4 -0.28444138169288635f
+#define NF4_L5 -0.18477343022823334f
+#define NF4_L6 -0.09105003625154495f
+#define NF4_L7 0.0f
+#define NF4_L8 0.07958029955625534f
+#define NF4_L9 0.16093020141124725f
+#define NF4_L10 0.24611230194568634f
+#define NF4_L11 0.33791524171829224f
+#define NF4_L12 0.44070982933044434f
+#define NF4_L13 0.5626170039176941f
+#define NF4_L14 0.7229568362236023f
+#define NF4_L15 1.0f
+
+/* The 16 NF4 levels, ascending, NF4_L0..NF4_L15 (defined in nf4_levels.c,
+ * on its own so that the GPU kit's shared kernel library can carry it). */
 extern const float dol_nf4_levels[16];
 
 /* The 15 midpoints between adjacent levels, exact in double (the sum of

@@ -5,7 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
-#include <openssl/evp.h>
+#include <nettle/sha2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,16 +49,13 @@ int dol_wcache_key(const dol_model *m, const char *layout, uint8_t key[32], char
     const uint16_t one = 1;
     snprintf(head, sizeof head, "dolphin weights cache v%u %s-endian", DOL_WCACHE_VERSION,
              *(const uint8_t *)&one ? "little" : "big");
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    unsigned len = 0;
-    int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1 &&
-             EVP_DigestUpdate(ctx, head, strlen(head) + 1) == 1 &&
-             EVP_DigestUpdate(ctx, layout, strlen(layout) + 1) == 1 &&
-             EVP_DigestUpdate(ctx, src, sizeof src) == 1 &&
-             EVP_DigestFinal_ex(ctx, key, &len) == 1 && len == 32;
-    EVP_MD_CTX_free(ctx);
-    if (!ok) dol_set_err(err, errlen, "weights_cache: SHA-256 digest failed");
-    return ok ? 0 : -1;
+    struct sha256_ctx ctx;
+    sha256_init(&ctx);
+    sha256_update(&ctx, strlen(head) + 1, (const uint8_t *)head);
+    sha256_update(&ctx, strlen(layout) + 1, (const uint8_t *)layout);
+    sha256_update(&ctx, sizeof src, src);
+    sha256_digest(&ctx, SHA256_DIGEST_SIZE, key);
+    return 0;
 }
 
 void dol_wcache_path(const char *dir, const char *name, const uint8_t key[32], char *out,

@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
+#include <nettle/sha2.h>
 
 #define CONFIG_NAME "config.json"
 #define WEIGHTS_NAME "model.safetensors"
@@ -891,16 +891,21 @@ size_t dol_model_release(const dol_model *m, const dol_tensor *t)
 /* ----------------------------------------------------------------------------
  * source digest */
 
-static void digest_u64(EVP_MD_CTX *ctx, uint64_t v)
+static void digest_bytes(struct sha256_ctx *ctx, const void *data, size_t len)
+{
+    sha256_update(ctx, len, data);
+}
+
+static void digest_u64(struct sha256_ctx *ctx, uint64_t v)
 {
     uint8_t b[8];
     for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i)); /* little-endian, any host */
-    EVP_DigestUpdate(ctx, b, sizeof b);
+    digest_bytes(ctx, b, sizeof b);
 }
 
 /* A small text file's length and bytes into ctx; absent (ENOENT) is
  * hashed as length UINT64_MAX when `optional`. */
-static int digest_file(EVP_MD_CTX *ctx, const char *dir, const char *fname, bool optional,
+static int digest_file(struct sha256_ctx *ctx, const char *dir, const char *fname, bool optional,
                        char *err, size_t errlen)
 {
     char path[2048];
@@ -914,7 +919,7 @@ static int digest_file(EVP_MD_CTX *ctx, const char *dir, const char *fname, bool
     char *buf = read_text_file(path, fname, &len, err, errlen);
     if (!buf) return -1;
     digest_u64(ctx, len);
-    EVP_DigestUpdate(ctx, buf, len);
+    digest_bytes(ctx, buf, len);
     free(buf);
     return 0;
 }
@@ -922,12 +927,8 @@ static int digest_file(EVP_MD_CTX *ctx, const char *dir, const char *fname, bool
 int dol_model_source_digest(const dol_model *m, uint8_t out[32], char *err, size_t errlen)
 {
     const model_priv *p = m->priv;
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    int rc = -1;
-    if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
-        dol_set_err(err, errlen, "%s: cannot start a SHA-256 digest", m->dir);
-        goto done;
-    }
+    struct sha256_ctx sha, *ctx = &sha;
+    sha256_init(ctx);
     if (p->gguf) {
         /* the file's name, size, mtime and everything before its data */
         const char *path = dol_gguf_path(p->gguf);
@@ -936,16 +937,17 @@ int dol_model_source_digest(const dol_model *m, uint8_t out[32], char *err, size
         struct stat st;
         if (stat(path, &st) != 0) {
             dol_set_err(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
-            goto done;
+            return -1;
         }
-        EVP_DigestUpdate(ctx, "gguf", 4);
+        digest_bytes(ctx, "gguf", 4);
         digest_u64(ctx, strlen(base));
-        EVP_DigestUpdate(ctx, base, strlen(base));
+        digest_bytes(ctx, base, strlen(base));
         digest_u64(ctx, (uint64_t)st.st_size);
         digest_u64(ctx, (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec);
         digest_u64(ctx, dol_gguf_data_offset(p->gguf));
-        EVP_DigestUpdate(ctx, dol_gguf_base(p->gguf), (size_t)dol_gguf_data_offset(p->gguf));
-        goto final;
+        digest_bytes(ctx, dol_gguf_base(p->gguf), (size_t)dol_gguf_data_offset(p->gguf));
+        sha256_digest(ctx, SHA256_DIGEST_SIZE, out);
+        return 0;
     }
     if (digest_file(ctx, m->dir, CONFIG_NAME, false, err, errlen) != 0) goto named;
     if (digest_file(ctx, m->dir, INDEX_NAME, true, err, errlen) != 0) goto named;
@@ -958,26 +960,18 @@ int dol_model_source_digest(const dol_model *m, uint8_t out[32], char *err, size
             goto named;
         }
         digest_u64(ctx, strlen(f->fname));
-        EVP_DigestUpdate(ctx, f->fname, strlen(f->fname));
+        digest_bytes(ctx, f->fname, strlen(f->fname));
         digest_u64(ctx, (uint64_t)st.st_size);
         digest_u64(ctx, (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec);
         /* the JSON header: the bytes between the 8-byte length and the data */
         const uint8_t *h = (const uint8_t *)f->map + 8;
         digest_u64(ctx, (uint64_t)(f->data - h));
-        EVP_DigestUpdate(ctx, h, (size_t)(f->data - h));
+        digest_bytes(ctx, h, (size_t)(f->data - h));
     }
-final:;
-    unsigned len = 0;
-    if (EVP_DigestFinal_ex(ctx, out, &len) != 1 || len != 32) {
-        dol_set_err(err, errlen, "%s: SHA-256 digest failed", m->dir);
-        goto done;
-    }
-    rc = 0;
-    goto done;
+    sha256_digest(ctx, SHA256_DIGEST_SIZE, out);
+    return 0;
 named:
     name_in_dir(m->dir, err, errlen);
     one_line(err, errlen);
-done:
-    EVP_MD_CTX_free(ctx);
-    return rc;
+    return -1;
 }
