@@ -225,14 +225,10 @@ AMX_TARGET void dol_amx_w_from_q8(uint16_t *wp, const dol_q8_matrix *W, int n, i
     w_zero_rows(wp, m, K);
 }
 
-/* Tile configuration (palette 1): eight tiles of 16 rows x 64 bytes.
- * 0, 1: C of two token blocks; 2, 3: W hi / lo; 4-7: x hi / lo of the two
- * token blocks. */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) tile_config;
+/* Tile configuration (palette 1) of BF16x3: eight tiles of 16 rows x 64
+ * bytes. 0, 1: C of two token blocks; 2, 3: W hi / lo; 4-7: x hi / lo of
+ * the two token blocks. */
+typedef dol_amx_tile_config tile_config;
 
 /* C (16 rows of W x 16 tokens) into out, transposed. */
 static void store_c(float *out, int N, int n0, int m, int t0, int T, const float *c)

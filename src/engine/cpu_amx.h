@@ -47,6 +47,14 @@
 #define DOL_AMX_K 32    /* inputs per tile step */
 #define DOL_AMX_ROWS 16 /* rows of W per group, tokens per block */
 
+/* The 64-byte operand of LDTILECFG (palette 1): each tile's rows and bytes
+ * a row (Intel SDM, "Intel AMX", TILECFG). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) dol_amx_tile_config;
+
 /* Whether this build, CPU and OS can run the products: AMX-TILE, AMX-BF16,
  * AVX512-BF16 and AVX-512F/BW/VL in cpuid, the tile state enabled in XCR0,
  * and the kernel's permission for it (arch_prctl ARCH_REQ_XCOMP_PERM,

@@ -18,6 +18,7 @@
 #include <xxhash.h>
 
 #include "engine/cpu_amx.h"
+#include "engine/cpu_r16.h"
 #include "engine/cpu_i8.h"
 #include "engine/cpu_kernels.h"
 #include "engine/cpu_ops.h"
@@ -44,6 +45,7 @@ typedef struct {
     bool packed; /* w.data in the packed layout (cpu_kernels.h) */
     dol_nf4_matrix q;
     dol_q8_matrix q8m;
+    dol_i8_r16 r16; /* r16.qs non-NULL: also in the interleaved layout (cpu_r16.h) */
 } linear_w;
 
 typedef struct {
@@ -73,6 +75,7 @@ typedef struct {
     bool use_fast;
     dol_i8_act xa;            /* x quantized for the 8-bit-activation products */
     bool use_i8;              /* activations int8 (cpu_i8.h) */
+    bool r16_amx;             /* the interleaved layout's prefill on the tile unit */
     dol_quant_stats qs;       /* linear layers: formats, sizes, quantization time */
 
     /* paged KV cache: block b holds, for every layer l and KV head h, the
@@ -288,7 +291,8 @@ static dol_cpu_weight weight_of(cpu_engine *e, const linear_w *w)
                              (int)w->w.cols, w->packed, w->q8 ? &w->q8m : NULL,
                              e->use_fast ? &e->fast : NULL,
                              w->blk ? dol_dtype_row_bytes(w->w.dtype, w->w.cols) : 0,
-                             e->use_i8 && is_quantized(w) ? &e->xa : NULL };
+                             e->use_i8 && is_quantized(w) ? &e->xa : NULL,
+                             w->r16.qs ? &w->r16 : NULL, e->r16_amx };
 }
 
 /* One tensor of the load plan: a norm (to f32) or a linear layer. */
@@ -656,6 +660,117 @@ static int choose_activations(cpu_engine *e, const dol_engine_params *p)
     return 0;
 }
 
+/* ---- the interleaved layout (cpu_r16.h) ---------------------------------- */
+
+/* Whether the quantized layers are repacked into the interleaved layout:
+ * on the 512-bit int8 set, by default where the CPU has AMX-INT8 (the
+ * layout's prefill runs there with decode's bits); DOLPHIN_CPU_R16=0 / 1
+ * turns it off / on (on: any CPU with the avx512vnni set). */
+static bool r16_wanted(const cpu_engine *e)
+{
+    if (!e->use_i8) return false;
+    const dol_cpu_i8 *s = dol_cpu_i8_get();
+    if (!s || strcmp(s->name, "avx512vnni") != 0 || !dol_i8_r16_available()) return false;
+    const char *env = getenv("DOLPHIN_CPU_R16");
+    if (env && *env) return strcmp(env, "0") != 0;
+    return dol_amx_i8_available();
+}
+
+static dol_i8_weight i8_weight_of(const linear_w *w)
+{
+    const dol_dtype t = w->nf4 ? DOL_I8_NF4 : w->q8 ? DOL_I8_Q8 : w->w.dtype;
+    return (dol_i8_weight){ t, w->w.data, w->blk ? dol_dtype_row_bytes(w->w.dtype, w->w.cols) : 0,
+                            w->nf4 ? &w->q : NULL, w->q8 ? &w->q8m : NULL, (int)w->w.rows, (int)w->w.cols };
+}
+
+typedef struct {
+    dol_i8_r16 *R;
+    const dol_i8_weight *W;
+    int per;
+} r16_job;
+
+static void r16_task(void *ctx, int task, int worker)
+{
+    (void)worker;
+    const r16_job *j = ctx;
+    const int g0 = task * j->per, g1 = g0 + j->per < j->R->groups ? g0 + j->per : j->R->groups;
+    dol_i8_r16_fill(j->R, j->W, g0, g1);
+}
+
+/* Free an owned buffer of `bytes` before the engine ends (its slot left
+ * NULL); the bytes freed. */
+static size_t disown(cpu_engine *e, void *p, size_t bytes)
+{
+    for (int i = 0; i < e->n_owned; i++)
+        if (e->owned[i] == p) {
+            free(p);
+            e->owned[i] = NULL;
+            return bytes;
+        }
+    return 0;
+}
+
+/* Drop the whole pages of [p, p + bytes) of the prepared-weights cache's
+ * read-only mapping (refetched from the file if ever read again);
+ * the bytes dropped. */
+static size_t drop_pages(void *p, size_t bytes)
+{
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1), b = ((uintptr_t)p + bytes) & ~(pg - 1);
+    return b > a && madvise((void *)a, b - a, MADV_DONTNEED) == 0 ? (size_t)(b - a) : 0;
+}
+
+/* Repack every quantized layer the layout takes, over the pool; the
+ * layer's own arrays are dropped after (the checkpoint's pages of a GGUF
+ * tensor, the converted NF4 / int8 buffers): the products read only the
+ * layout from then on. -1 when out of memory. */
+static int prepare_r16(cpu_engine *e)
+{
+    if (!r16_wanted(e)) return 0;
+    e->r16_amx = dol_amx_i8_available();
+    const double t0 = dol_now_ms();
+    size_t bytes = 0, released = 0;
+    int n = 0;
+    for (int l = 0; l <= e->c.n_layers; l++) {
+        linear_w *ws[7];
+        int k = 0;
+        if (l < e->c.n_layers) {
+            layer_w *L = &e->L[l];
+            linear_w *all[7] = { &L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down };
+            for (k = 0; k < 7; k++) ws[k] = all[k];
+        } else if (e->has_head) {
+            ws[k++] = &e->lm_head;
+        }
+        for (int i = 0; i < k; i++) {
+            linear_w *w = ws[i];
+            if (!is_quantized(w)) continue;
+            const dol_i8_weight W = i8_weight_of(w);
+            if (!dol_i8_r16_takes(W.t, W.K)) continue;
+            if (dol_i8_r16_alloc(&w->r16, &W) != 0) return -1;
+            const int threads = dol_pool_threads(e->pool);
+            r16_job j = { &w->r16, &W, (w->r16.groups + 4 * threads - 1) / (4 * threads) };
+            dol_pool_run(e->pool, r16_task, &j, (w->r16.groups + j.per - 1) / j.per);
+            bytes += dol_i8_r16_bytes(&w->r16);
+            n++;
+            if (w->blk) {
+                released += dol_model_release(e->model, &w->w);
+            } else {
+                void *arr[2] = { w->nf4 ? (void *)w->q.codes : (void *)w->q8m.quants,
+                                 w->nf4 ? (void *)w->q.scales : (void *)w->q8m.scales };
+                size_t len[2] = { w->nf4 ? dol_nf4_codes_bytes(w->w.rows, w->w.cols) : dol_q8_quants_bytes(w->w.rows, w->w.cols),
+                                  w->nf4 ? dol_nf4_scales_bytes(w->w.rows, w->w.cols) : dol_q8_scales_bytes(w->w.rows, w->w.cols) };
+                for (int a = 0; a < 2; a++)
+                    released += e->wcache ? drop_pages(arr[a], len[a]) : disown(e, arr[a], len[a]);
+            }
+        }
+    }
+    e->released_bytes += released;
+    dol_log(DOL_LOG_INFO, "cpu_int8_layout",
+            "layout=interleaved16 matrices=%d bytes=%zu released_bytes=%zu prefill=%s seconds=%.3f", n, bytes,
+            released, e->r16_amx ? "amx_int8" : "vnni", (dol_now_ms() - t0) / 1000.0);
+    return 0;
+}
+
 static const char *cpu_activations(void *impl) { return ((cpu_engine *)impl)->use_i8 ? "int8" : "f32"; }
 
 static int cpu_create_range(const dol_model *model, const dol_engine_params *p, int ctx, int bs,
@@ -757,6 +872,7 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
     e->tok_run = xcalloc(T + 1, sizeof(int), &fail);
     if (fail) goto oom;
     if (choose_activations(e, p) != 0) goto oom;
+    if (prepare_r16(e) != 0) goto oom;
     if (p->fast_prefill) {
         /* F32 weights keep the exact kernels (cpu_ops.h); so does a kernel
          * set below avx512 forced by DOLPHIN_CPU_KERNELS. Weights on 8-bit
@@ -811,6 +927,12 @@ static void cpu_destroy(void *impl)
     for (int i = 0; i < e->n_owned; i++) free(e->owned[i]);
     dol_wcache_close(e->wcache);
     free(e->owned);
+    for (int l = 0; e->L && l < e->c.n_layers; l++) {
+        layer_w *L = &e->L[l];
+        linear_w *ws[7] = { &L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down };
+        for (int i = 0; i < 7; i++) dol_i8_r16_free(&ws[i]->r16);
+    }
+    dol_i8_r16_free(&e->lm_head.r16);
     free(e->L);
     free(e->kv_pool);
     free(e->rope_cos);

@@ -109,7 +109,9 @@ int dol_cpu_i8_act_reserve(dol_i8_act *a, int T, int K)
         float *s = malloc(sizeof(float) * 8 * rows * (size_t)nbc);
         float *dv = aligned_alloc(64, (sizeof(float) * 8 * rows * (size_t)nbc + 63) / 64 * 64);
         int32_t *ns = aligned_alloc(64, (sizeof(int32_t) * 8 * rows * (size_t)nbc + 63) / 64 * 64);
-        if (!q || !d || !s || !dv || !ns) {
+        int32_t *sq = malloc(sizeof(int32_t) * rows * (size_t)nbc);
+        if (!q || !d || !s || !dv || !ns || !sq) {
+            free(sq);
             free(q);
             free(d);
             free(s);
@@ -123,6 +125,7 @@ int dol_cpu_i8_act_reserve(dol_i8_act *a, int T, int K)
         a->s = s;
         a->dv = dv;
         a->ns = ns;
+        a->sq = sq;
         a->cap = rows;
         a->K_cap = kc;
     }
@@ -139,8 +142,9 @@ void dol_cpu_i8_act_free(dol_i8_act *a)
     free(a->s);
     free(a->dv);
     free(a->ns);
+    free(a->sq);
     a->q = NULL;
-    a->ns = NULL;
+    a->ns = a->sq = NULL;
     a->d = a->s = a->dv = NULL;
     a->cap = 0;
     a->K_cap = 0;

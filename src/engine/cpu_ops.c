@@ -15,6 +15,7 @@
 #include "dolphin/log.h"
 #include "engine/cpu_amx.h"
 #include "engine/cpu_i8.h"
+#include "engine/cpu_r16.h"
 #include "engine/cpu_kernels.h"
 
 #ifdef DOLPHIN_CPU_KERNELS_X86
@@ -327,6 +328,9 @@ static void fast_prepare(dol_pool *pool, fused_job *j)
     dol_cpu_fast *f = j->W[0]->fast;
     if (!f || j->T < DOL_CPU_FAST_MIN_T || j->K % DOL_AMX_K != 0 || j->k->lanes != 16) return;
     const int blocks = (j->T + DOL_AMX_ROWS - 1) / DOL_AMX_ROWS;
+    bool all_r16 = true;
+    for (int i = 0; i < j->n_w; i++) all_r16 = all_r16 && j->W[i]->r16;
+    if (all_r16) return; /* the layout's own product takes the tile unit */
     bool all_i8 = dol_amx_i8_available();
     for (int i = 0; i < j->n_w && all_i8; i++) all_i8 = i8_weight_ok(j, j->W[i]);
     if (all_i8) {
@@ -444,6 +448,11 @@ static void i8_prepare(dol_pool *pool, fused_job *j)
 static void rows_of(const fused_job *j, int i, float *out, int n0, int n1)
 {
     const dol_cpu_weight *w = j->W[i];
+    if (w->r16 && j->xa) { /* xa is always set then: i8_prepare's arrays are sized at start */
+        void *s = w->r16_amx && j->T >= DOL_R16_ROWS ? thread_tile((dol_i8_r16_scratch_bytes(j->K) + 3) / 4) : NULL;
+        dol_i8_r16_rows(out, w->N, j->xa, w->r16, n0, n1, s);
+        return;
+    }
     if (j->xp && fast_rows(j, w, out, n0, n1) == 0) return;
     if (j->x8 && fast_i8_rows(j, w, out, n0, n1) == 0) return;
     if (j->xa && i8_weight_ok(j, w)) {
@@ -564,21 +573,21 @@ void dol_cpu_matmul(dol_pool *pool, float *out, const float *x, int T, int K,
                     const void *W, dol_dtype wtype, int N)
 {
     const dol_cpu_weight w = { W, wtype, NULL, N, K, false, NULL, NULL,
-                               dol_dtype_is_block(wtype) ? dol_dtype_row_bytes(wtype, K) : 0, NULL };
+                               dol_dtype_is_block(wtype) ? dol_dtype_row_bytes(wtype, K) : 0, NULL, NULL, false };
     dol_cpu_matmul_multi(pool, x, T, K, &w, &out, 1);
 }
 
 void dol_cpu_matmul_nf4(dol_pool *pool, float *out, const float *x, int T,
                         const dol_nf4_matrix *W)
 {
-    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, W, (int)W->rows, (int)W->cols, false, NULL, NULL, 0, NULL };
+    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, W, (int)W->rows, (int)W->cols, false, NULL, NULL, 0, NULL, NULL, false };
     dol_cpu_matmul_multi(pool, x, T, w.K, &w, &out, 1);
 }
 
 void dol_cpu_matmul_q8(dol_pool *pool, float *out, const float *x, int T,
                        const dol_q8_matrix *W)
 {
-    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, NULL, (int)W->rows, (int)W->cols, false, W, NULL, 0, NULL };
+    const dol_cpu_weight w = { NULL, DOL_DTYPE_F32, NULL, (int)W->rows, (int)W->cols, false, W, NULL, 0, NULL, NULL, false };
     dol_cpu_matmul_multi(pool, x, T, w.K, &w, &out, 1);
 }
 

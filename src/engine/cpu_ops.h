@@ -95,6 +95,10 @@ typedef struct {
                               * CPU has an int8 kernel set, x quantized into this scratch
                               * (the caller's, one product at a time); not the exact
                               * product's bits, but still batch-invariant */
+    const struct dol_i8_r16 *r16; /* non-NULL (with i8): the rows also in the interleaved
+                                   * layout (cpu_r16.h), which every product then reads;
+                                   * the other arrays may be gone */
+    bool r16_amx;                 /* its products of 16 or more rows of x on AMX-INT8 */
 } dol_cpu_weight;
 
 /* Whether w is a matrix of a GGUF block type, read where it is: every

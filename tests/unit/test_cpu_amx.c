@@ -164,9 +164,9 @@ static void test_cpu_ops_fast(void **state)
         dol_cpu_fast fast = { 0 };
         assert_int_equal(dol_cpu_fast_reserve(&fast, T, K), 0);
         const dol_cpu_weight ws[3] = {
-            { NULL, DOL_DTYPE_F32, &q4, N, K, false, NULL, &fast, 0, NULL },
-            { NULL, DOL_DTYPE_F32, NULL, N, K, false, &q8, &fast, 0, NULL },
-            { f16, DOL_DTYPE_F16, NULL, N, K, true, NULL, &fast, 0, NULL },
+            { NULL, DOL_DTYPE_F32, &q4, N, K, false, NULL, &fast, 0, NULL, NULL, false },
+            { NULL, DOL_DTYPE_F32, NULL, N, K, false, &q8, &fast, 0, NULL, NULL, false },
+            { f16, DOL_DTYPE_F16, NULL, N, K, true, NULL, &fast, 0, NULL, NULL, false },
         };
         const float *refw[3] = { wq4, wq8, wh };
         const char *names[3] = { "nf4", "q8", "f16" };

@@ -368,7 +368,7 @@ static void test_matmul_through_pool(void **state)
             for (int t = 0; t < T; t++) assert_non_null(sep[t] = malloc(sizeof(float) * N));
             float *rows[T];
             for (int t = 0; t < T; t++) rows[t] = sep[T - 1 - t];
-            const dol_cpu_weight w = { raw, g_dtypes[d], NULL, N, K, false, NULL, NULL, 0, NULL };
+            const dol_cpu_weight w = { raw, g_dtypes[d], NULL, N, K, false, NULL, NULL, 0, NULL, NULL, false };
             dol_cpu_matmul_scatter(pool, rows, tmp, x, T, K, &w);
             for (int t = 0; t < T; t++) assert_memory_equal(rows[t], b + (size_t)t * N, sizeof(float) * N);
             for (int t = 0; t < T; t++) free(sep[t]);

@@ -3,7 +3,9 @@
  * against a float64 evaluation of the documented arithmetic on the same
  * quantized activations, the same bits from every int8 kernel set usable
  * here, and batch invariance through the engine's products (T = 1 .. 18,
- * one and two threads, every format). Skipped where no int8 set is usable. */
+ * one and two threads, every format); the interleaved layout (cpu_r16.h)
+ * against a scalar evaluation of its arithmetic, bit for bit, on VNNI and
+ * on the tile unit. Skipped where no int8 set is usable. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +23,7 @@
 #include "engine/cpu_amx.h"
 #include "engine/cpu_i8.h"
 #include "engine/cpu_ops.h"
+#include "engine/cpu_r16.h"
 #include "engine/nf4.h"
 #include "engine/q8.h"
 #include "engine/threadpool.h"
@@ -169,7 +172,7 @@ static void make_matrix(const format *f, int N, matrix *m)
         free(w);
         m->v = (dol_i8_weight){ f->t, NULL, 0, f->t == DOL_I8_NF4 ? &m->nf4 : NULL,
                                 f->t == DOL_I8_Q8 ? &m->q8 : NULL, N, K };
-        m->cw = (dol_cpu_weight){ NULL, DOL_DTYPE_F32, m->v.nf4, N, K, false, m->v.q8, NULL, 0, NULL };
+        m->cw = (dol_cpu_weight){ NULL, DOL_DTYPE_F32, m->v.nf4, N, K, false, m->v.q8, NULL, 0, NULL, NULL, false };
         return;
     }
     m->blocks = random_matrix(f->t, N, K);
@@ -190,7 +193,7 @@ static void make_matrix(const format *f, int N, matrix *m)
         }
     free(zeroed);
     m->v = (dol_i8_weight){ f->t, m->blocks, rb, NULL, NULL, N, K };
-    m->cw = (dol_cpu_weight){ m->blocks, f->t, NULL, N, K, false, NULL, NULL, rb, NULL };
+    m->cw = (dol_cpu_weight){ m->blocks, f->t, NULL, N, K, false, NULL, NULL, rb, NULL, NULL, false };
 }
 
 static void free_matrix(matrix *m)
@@ -383,6 +386,112 @@ static void test_error_bound(void **state)
         free(out), free(x);
         free_matrix(&m);
     }
+}
+
+
+/* ---- the interleaved layout (cpu_r16.h) ------------------------------------ */
+
+/* Block b's scale sw of row n, read from the format's own arrays. */
+static float r16_scale(const matrix *m, int n, int b)
+{
+    if (m->v.t == DOL_I8_NF4)
+        return dol_f16_to_f32(m->nf4.scales[(size_t)n * m->nf4.blocks_per_row + (size_t)(b / 2)]) * (1.0f / 127.0f);
+    if (m->v.t == DOL_I8_Q8) return dol_f16_to_f32(m->q8.scales[(size_t)n * m->q8.blocks_per_row + (size_t)b]);
+    uint16_t h;
+    memcpy(&h, m->blocks + (size_t)n * m->v.row_bytes + (size_t)b * dol_dtype_block_bytes(m->v.t), 2);
+    return dol_f16_to_f32(h);
+}
+
+/* y[t][n] by the layout's arithmetic: whole-block integers, then
+ * acc = fma((float)I_b, sw_b * d_b, acc) in block order. */
+static float r16_reference(const matrix *m, const dol_i8_act *a, int t, int n)
+{
+    const int K = m->v.K;
+    float acc = 0.0f;
+    for (int b = 0; b < K / 32; b++) {
+        const float sw = r16_scale(m, n, b);
+        int32_t I = 0;
+        for (int k = 32 * b; k < 32 * b + 32; k++) {
+            const long w = lround(m->P[(size_t)n * K + k] / (double)sw); /* P = sw * w exactly */
+            assert_true(w >= -128 && w <= 127);
+            I += (int32_t)w * a->q[(size_t)t * K + k];
+        }
+        acc = fmaf((float)I, sw * a->d[(size_t)t * a->nb + b], acc);
+    }
+    return acc;
+}
+
+/* Every format the layout takes: the kernel's bits are the reference's at
+ * every T (VNNI; the tile unit from 16 rows where the CPU has AMX-INT8),
+ * for a part of the rows too, and through the engine's products with one
+ * and two threads. */
+static void test_interleaved(void **state)
+{
+    (void)state;
+    if (!dol_i8_r16_available() || dol_cpu_i8_set("avx512vnni") != 0) skip();
+    const int N = 37, Tmax = 40; /* two groups and a part; two token blocks and a part */
+    const bool amx = dol_amx_i8_available();
+    dol_pool *pools[2] = { dol_pool_new(1), dol_pool_new(2) };
+    int seen = 0;
+    for (size_t fi = 0; fi < N_FORMATS; fi++) {
+        const format *f = &FORMATS[fi];
+        if (!dol_i8_r16_takes(f->t, f->K)) continue;
+        seen++;
+        const int K = f->K;
+        matrix m;
+        make_matrix(f, N, &m);
+        dol_i8_r16 R;
+        assert_int_equal(dol_i8_r16_alloc(&R, &m.v), 0);
+        dol_i8_r16_fill(&R, &m.v, 0, R.groups);
+        float *x = awkward_x(Tmax, K);
+        dol_i8_act a = {0};
+        assert_int_equal(dol_cpu_i8_act_reserve(&a, Tmax, K), 0);
+        dol_cpu_i8_get()->quantize(&a, x, 0, Tmax);
+        float *ref = malloc(sizeof(float) * (size_t)Tmax * N), *out = malloc(sizeof(float) * (size_t)Tmax * N);
+        for (int t = 0; t < Tmax; t++)
+            for (int n = 0; n < N; n++) ref[(size_t)t * N + n] = r16_reference(&m, &a, t, n);
+        void *scratch = aligned_alloc(64, (dol_i8_r16_scratch_bytes(K) + 63) / 64 * 64);
+        for (int T = 1; T <= Tmax; T++) {
+            a.T = T;
+            for (int u = 0; u < (amx && T >= 16 ? 2 : 1); u++) {
+                dol_i8_r16_rows(out, N, &a, &R, 0, N, u ? scratch : NULL);
+                if (memcmp(out, ref, sizeof(float) * (size_t)T * N) != 0)
+                    fail_msg("%s: T=%d on %s: other bits than the reference", f->name, T, u ? "amx" : "vnni");
+            }
+        }
+        /* rows 16 .. N-1 only: just those columns written */
+        for (int u = 0; u < (amx ? 2 : 1); u++) {
+            for (int i = 0; i < Tmax * N; i++) out[i] = -7.0f;
+            dol_i8_r16_rows(out, N, &a, &R, 16, N, u ? scratch : NULL);
+            for (int t = 0; t < Tmax; t++)
+                for (int n = 0; n < N; n++) {
+                    const float o = out[(size_t)t * N + n], r = ref[(size_t)t * N + n];
+                    assert_true(n >= 16 ? memcmp(&o, &r, sizeof o) == 0 : o == -7.0f);
+                }
+        }
+        /* through the engine's products: the reference's bits at every T */
+        dol_i8_act act = {0};
+        m.cw.i8 = &act;
+        m.cw.r16 = &R;
+        assert_int_equal(dol_cpu_i8_act_reserve(&act, Tmax, K), 0);
+        for (int u = 0; u < (amx ? 2 : 1); u++) {
+            m.cw.r16_amx = u;
+            for (int p = 0; p < 2; p++)
+                for (int T = 1; T <= Tmax; T += (T < 18 ? 1 : 11)) {
+                    dol_cpu_matmul_multi(pools[p], x, T, K, &m.cw, &out, 1);
+                    if (memcmp(out, ref, sizeof(float) * (size_t)T * N) != 0)
+                        fail_msg("%s: engine product, T=%d, threads=%d, amx=%d: other bits", f->name, T, p + 1, u);
+                }
+        }
+        dol_cpu_i8_act_free(&act);
+        free(scratch), free(ref), free(out), free(x);
+        dol_cpu_i8_act_free(&a);
+        dol_i8_r16_free(&R);
+        free_matrix(&m);
+    }
+    assert_int_equal(seen, 4);
+    dol_pool_free(pools[0]);
+    dol_pool_free(pools[1]);
 }
 
 /* AMX-INT8 (cpu_amx.h, batch_invariant off): every format against the
@@ -685,6 +794,7 @@ int main(void)
         cmocka_unit_test(test_batch_invariant),
         cmocka_unit_test(test_error_bound),
         cmocka_unit_test(test_amx_i8),
+        cmocka_unit_test(test_interleaved),
         cmocka_unit_test(test_gguf_kl),
         cmocka_unit_test(test_load_time_kl),
         cmocka_unit_test(test_default_choice),
