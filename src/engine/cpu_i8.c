@@ -109,7 +109,7 @@ int dol_cpu_i8_act_reserve(dol_i8_act *a, int T, int K)
         float *s = malloc(sizeof(float) * 8 * rows * (size_t)nbc);
         float *dv = aligned_alloc(64, (sizeof(float) * 8 * rows * (size_t)nbc + 63) / 64 * 64);
         int32_t *ns = aligned_alloc(64, (sizeof(int32_t) * 8 * rows * (size_t)nbc + 63) / 64 * 64);
-        int32_t *sq = malloc(sizeof(int32_t) * rows * (size_t)nbc);
+        int32_t *sq = malloc(sizeof(int32_t) * 2 * rows * (size_t)nbc);
         if (!q || !d || !s || !dv || !ns || !sq) {
             free(sq);
             free(q);

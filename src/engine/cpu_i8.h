@@ -68,7 +68,7 @@ typedef struct dol_i8_act {
     int8_t *q;  /* [T][K] quantized inputs */
     float *d;   /* [T][nb] block scales */
     float *s;   /* [T][nb][8] sums of each group of 4 quantized inputs, times d */
-    int32_t *sq; /* [T][nb] sums of each block's quantized inputs */
+    int32_t *sq; /* [T][nb][2] sums of the quantized inputs of each half block */
     /* for the 512-bit set's in-register tiles (T < 16 only): */
     float *dv;   /* [T][nb][8] d of each block, repeated over the block's 8 lanes */
     int32_t *ns; /* [T][nb][8] minus the sum of each group of 4 quantized inputs: the

@@ -1039,14 +1039,14 @@ static void i8_quantize(dol_i8_act *a, const float *x, int t0, int t1)
             if (uv) _mm256_storeu_ps(a->dv + o * 8, _mm256_set1_ps(a->d[o])); /* for the 512-bit in-register tiles */
             float *s = a->s + o * 8;
             const int8_t *qb = a->q + o * 32;
-            int all = 0;
+            int half[2] = { 0, 0 };
             for (int j = 0; j < 8; j++) {
                 const int sum = qb[4 * j] + qb[4 * j + 1] + qb[4 * j + 2] + qb[4 * j + 3];
                 s[j] = (float)sum * a->d[o];
                 if (uv) a->ns[o * 8 + (size_t)j] = -sum;
-                all += sum;
+                half[j / 4] += sum;
             }
-            a->sq[o] = all; /* for the interleaved layout (cpu_r16.h) */
+            a->sq[2 * o] = half[0], a->sq[2 * o + 1] = half[1]; /* for the interleaved layout (cpu_r16.h) */
         }
 }
 

@@ -8,6 +8,7 @@
 #include "engine/cpu_r16.h"
 
 #include "engine/cpu_amx.h"
+#include "dolphin/ggml_blocks.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -16,30 +17,39 @@ bool dol_i8_r16_takes(dol_dtype t, int K)
 {
     if (K <= 0 || K % 32 != 0) return false;
     if (t == DOL_I8_NF4) return K % 64 == 0;
+    if (t == DOL_DTYPE_Q4_K || t == DOL_DTYPE_Q6_K) return K % 256 == 0;
     return t == DOL_DTYPE_Q4_0 || t == DOL_DTYPE_Q8_0 || t == DOL_I8_Q8;
 }
 
 bool dol_i8_r16_available(void) { return dol_cpu_i8_find("avx512vnni") != NULL; }
 
-static size_t qs_bytes(const dol_i8_r16 *R) { return (size_t)R->groups * (size_t)R->nb * (size_t)R->bits * 64; }
-static size_t sc_bytes(const dol_i8_r16 *R) { return (size_t)R->groups * (size_t)R->nb * 16 * sizeof(uint16_t); }
+static size_t per_group(const dol_i8_r16 *R, size_t per_block) { return (size_t)R->groups * (size_t)R->nb * per_block; }
+static size_t qs_bytes(const dol_i8_r16 *R) { return per_group(R, (size_t)R->bits * 64); }
+static size_t sc_bytes(const dol_i8_r16 *R) { return per_group(R, R->kq ? 2 * sizeof(uint16_t) * 16 / 8 : sizeof(uint16_t) * 16); }
+static size_t sub_bytes(const dol_i8_r16 *R) { return R->kq ? per_group(R, 32) : 0; }
 
-size_t dol_i8_r16_bytes(const dol_i8_r16 *R) { return R->qs ? qs_bytes(R) + sc_bytes(R) : 0; }
+size_t dol_i8_r16_bytes(const dol_i8_r16 *R) { return R->qs ? qs_bytes(R) + sc_bytes(R) + sub_bytes(R) : 0; }
+
+static void *alloc64(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
 
 int dol_i8_r16_alloc(dol_i8_r16 *R, const dol_i8_weight *W)
 {
     memset(R, 0, sizeof *R);
     R->N = W->N, R->K = W->K, R->nb = W->K / 32, R->groups = (W->N + DOL_R16_ROWS - 1) / DOL_R16_ROWS;
-    R->bits = W->t == DOL_DTYPE_Q4_0 || W->t == DOL_I8_NF4 ? 4 : 8;
-    R->off = W->t == DOL_DTYPE_Q4_0 ? 8 : 128;
-    if (W->t == DOL_I8_NF4) {
-        R->lut = true;
-        R->smul = 1.0f / 127.0f;
+    switch ((int)W->t) {
+    case DOL_DTYPE_Q4_0: R->bits = 4, R->off = 8; break;
+    case DOL_I8_NF4:
+        R->bits = 4, R->off = 128, R->lut = true, R->smul = 1.0f / 127.0f;
         for (int i = 0; i < 16; i++) R->codes[i] = (uint8_t)(dol_nf4_i8_codes[i] + 128);
+        break;
+    case DOL_DTYPE_Q4_K: R->bits = 4, R->off = 0, R->kq = R->min = true; break;
+    case DOL_DTYPE_Q6_K: R->bits = 6, R->off = 32, R->kq = R->halves = true; break;
+    default: R->bits = 8, R->off = 128; break; /* Q8_0, int8 */
     }
-    R->qs = aligned_alloc(64, (qs_bytes(R) + 63) / 64 * 64);
-    R->sc = aligned_alloc(64, (sc_bytes(R) + 63) / 64 * 64);
-    if (!R->qs || !R->sc) {
+    R->qs = alloc64(qs_bytes(R));
+    R->sc = alloc64(sc_bytes(R));
+    R->sub = R->kq ? alloc64(sub_bytes(R)) : NULL;
+    if (!R->qs || !R->sc || (R->kq && !R->sub)) {
         dol_i8_r16_free(R);
         return -1;
     }
@@ -50,34 +60,75 @@ void dol_i8_r16_free(dol_i8_r16 *R)
 {
     free(R->qs);
     free(R->sc);
+    free(R->sub);
     R->qs = NULL;
     R->sc = NULL;
+    R->sub = NULL;
 }
 
-/* Block b of row n as 32 values u (u = w + off; NF4: the codes) and its
- * F16 scale. */
-static uint16_t row_block(const dol_i8_weight *W, int n, int b, uint8_t u[32])
+/* Block b of row n: 32 values u (u = w + off; NF4: the codes), the F16
+ * scale (K-quants: the super-block's d, and dmin in h2) and the K-quants'
+ * integers of the block (Q4_K: its scale and minimum; Q6_K: its halves'
+ * scales). */
+typedef struct {
+    uint8_t u[32];
+    uint16_t h, h2;
+    int8_t s0, s1;
+} row_block;
+
+static void read_block(const dol_i8_weight *W, int n, int b, row_block *o)
 {
-    uint16_t h;
-    if (W->t == DOL_DTYPE_Q8_0 || W->t == DOL_DTYPE_Q4_0) {
-        const uint8_t *p = W->base + (size_t)n * W->row_bytes + (size_t)b * (W->t == DOL_DTYPE_Q8_0 ? 34 : 18);
-        memcpy(&h, p, 2);
-        if (W->t == DOL_DTYPE_Q8_0)
-            for (int k = 0; k < 32; k++) u[k] = (uint8_t)(p[2 + k] ^ 0x80);
-        else
-            for (int k = 0; k < 16; k++) u[k] = p[2 + k] & 0xF, u[k + 16] = p[2 + k] >> 4;
-    } else if (W->t == DOL_I8_Q8) {
+    const uint8_t *row = W->base + (size_t)n * W->row_bytes;
+    switch ((int)W->t) {
+    case DOL_DTYPE_Q8_0: {
+        const uint8_t *p = row + (size_t)b * 34;
+        memcpy(&o->h, p, 2);
+        for (int k = 0; k < 32; k++) o->u[k] = (uint8_t)(p[2 + k] ^ 0x80);
+        break;
+    }
+    case DOL_DTYPE_Q4_0: {
+        const uint8_t *p = row + (size_t)b * 18;
+        memcpy(&o->h, p, 2);
+        for (int k = 0; k < 16; k++) o->u[k] = p[2 + k] & 0xF, o->u[k + 16] = p[2 + k] >> 4;
+        break;
+    }
+    case DOL_DTYPE_Q4_K: { /* d, dmin, 12 bytes of 6-bit scales and minima, 128 of quants */
+        const uint8_t *p = row + (size_t)(b / 8) * 144;
+        const int j = b % 8;
+        int sc, mn;
+        memcpy(&o->h, p, 2);
+        memcpy(&o->h2, p + 2, 2);
+        dol_blk_k4_scale_min(j, p + 4, &sc, &mn);
+        o->s0 = (int8_t)sc, o->s1 = (int8_t)mn;
+        for (int k = 0; k < 32; k++) o->u[k] = (p[16 + 32 * (j / 2) + k] >> (4 * (j % 2))) & 0xF;
+        break;
+    }
+    case DOL_DTYPE_Q6_K: { /* 128 bytes of low 4 bits, 64 of high 2 bits, 16 scales, d */
+        const uint8_t *p = row + (size_t)(b / 8) * 210;
+        const int j = b % 8, h = j / 4, qd = j % 4;
+        memcpy(&o->h, p + 208, 2);
+        o->s0 = (int8_t)p[192 + 2 * j], o->s1 = (int8_t)p[193 + 2 * j];
+        for (int k = 0; k < 32; k++) {
+            const int lo = (p[64 * h + 32 * (qd % 2) + k] >> (4 * (qd / 2))) & 0xF;
+            o->u[k] = (uint8_t)(lo | ((p[128 + 32 * h + k] >> (2 * qd)) & 3) << 4);
+        }
+        break;
+    }
+    case DOL_I8_Q8: {
         const dol_q8_matrix *m = W->q8;
         const int8_t *q = m->quants + (size_t)n * (size_t)m->cols + (size_t)b * 32;
-        for (int k = 0; k < 32; k++) u[k] = (uint8_t)q[k] ^ 0x80;
-        h = m->scales[(size_t)n * (size_t)m->blocks_per_row + (size_t)b];
-    } else { /* NF4: codes of weights i and i + 32 of a block of 64 in the two nibbles of byte i */
-        const dol_nf4_matrix *m = W->nf4;
-        const uint8_t *c = m->codes + (size_t)n * (size_t)(m->cols / 2) + (size_t)(b >> 1) * 32;
-        for (int k = 0; k < 32; k++) u[k] = (c[k] >> (4 * (b & 1))) & 0xF;
-        h = m->scales[(size_t)n * (size_t)m->blocks_per_row + (size_t)(b >> 1)];
+        for (int k = 0; k < 32; k++) o->u[k] = (uint8_t)q[k] ^ 0x80;
+        o->h = m->scales[(size_t)n * (size_t)m->blocks_per_row + (size_t)b];
+        break;
     }
-    return h;
+    default: { /* NF4: codes of weights i and i + 32 of a block of 64 in the two nibbles of byte i */
+        const dol_nf4_matrix *m = W->nf4;
+        const uint8_t *c = m->codes + (size_t)n * (size_t)(m->cols / 2) + (size_t)(b / 2) * 32;
+        for (int k = 0; k < 32; k++) o->u[k] = (c[k] >> (4 * (b % 2))) & 0xF;
+        o->h = m->scales[(size_t)n * (size_t)m->blocks_per_row + (size_t)(b / 2)];
+        break;
+    }
+    }
 }
 
 void dol_i8_r16_fill(dol_i8_r16 *R, const dol_i8_weight *W, int g0, int g1)
@@ -85,21 +136,39 @@ void dol_i8_r16_fill(dol_i8_r16 *R, const dol_i8_weight *W, int g0, int g1)
     const size_t bq = (size_t)R->bits * 64;
     for (int g = g0; g < g1; g++)
         for (int b = 0; b < R->nb; b++) {
-            uint8_t *q = R->qs + ((size_t)g * (size_t)R->nb + (size_t)b) * bq;
-            uint16_t *s = R->sc + ((size_t)g * (size_t)R->nb + (size_t)b) * 16;
+            const size_t gb = (size_t)g * (size_t)R->nb + (size_t)b;
+            uint8_t *q = R->qs + gb * bq;
+            int8_t *sub = R->kq ? R->sub + gb * 32 : NULL;
+            uint16_t *sc = R->kq ? R->sc + (gb / 8) * 32 : R->sc + gb * 16;
             memset(q, 0, bq);
+            if (sub) memset(sub, 0, 32);
             for (int r = 0; r < DOL_R16_ROWS; r++) {
                 const int n = g * DOL_R16_ROWS + r;
-                uint8_t u[32];
-                if (n >= R->N) {
-                    s[r] = 0;
-                    continue;
+                row_block o = { .h = 0 };
+                if (n < R->N) read_block(W, n, b, &o);
+                if (!R->kq) sc[r] = o.h;
+                else {
+                    if (b % 8 == 0) sc[r] = o.h, sc[16 + r] = o.h2;
+                    sub[r] = o.s0, sub[16 + r] = o.s1;
                 }
-                s[r] = row_block(W, n, b, u);
-                for (int k = 0; k < 32; k++) {
-                    const int pos = (k / 4) * 64 + r * 4 + k % 4;
-                    if (R->bits == 8) q[pos] = u[k];
-                    else q[(pos / 128) * 64 + pos % 64] |= (uint8_t)(u[k] << (4 * (pos / 64 % 2)));
+                if (n >= R->N) continue;
+                for (int j = 0; j < 8; j++) { /* group j: 4 bytes at position j * 64 + r * 4 */
+                    uint32_t u, lo, hi;
+                    memcpy(&u, o.u + 4 * j, 4);
+                    if (R->bits == 8) {
+                        memcpy(q + 64 * j + 4 * r, &u, 4);
+                        continue;
+                    }
+                    uint8_t *pl = q + 64 * (j / 2) + 4 * r;
+                    memcpy(&lo, pl, 4);
+                    lo |= (u & 0x0F0F0F0Fu) << (4 * (j % 2));
+                    memcpy(pl, &lo, 4);
+                    if (R->bits == 6) {
+                        uint8_t *ph = q + 256 + 64 * (j / 4) + 4 * r;
+                        memcpy(&hi, ph, 4);
+                        hi |= ((u >> 4) & 0x03030303u) << (2 * (j % 4));
+                        memcpy(ph, &hi, 4);
+                    }
                 }
             }
         }
@@ -111,15 +180,98 @@ size_t dol_i8_r16_scratch_bytes(int K) { return (size_t)(K / 32) * 512 + 2 * 102
 #include <immintrin.h>
 
 #define R16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
-#define R16_AMX_TARGET __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl,f16c,fma")))
+#define R16_AMX_TARGET \
+    __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
 #define R16_TILE_MAX 8    /* rows of x a VNNI tile holds */
 #define R16_PF_BYTES 8192 /* how far ahead the VNNI tiles prefetch the weights */
 
-/* The 16 rows' scales of one block. */
-#define R16_SCALE(R, sc)                                                               \
-    ((R)->smul != 0.0f ? _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc))), \
-                                       _mm512_set1_ps((R)->smul))                      \
-                       : _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc))))
+/* The kernels are compiled once per kind of format (the layout's flags
+ * as constants): R's own flags must match the kind they run under. */
+typedef struct {
+    int bits;
+    bool lut, kq, halves, min;
+} r16_kind;
+#define R16_Q4 ((r16_kind){ 4, false, false, false, false })  /* Q4_0 */
+#define R16_NF4 ((r16_kind){ 4, true, false, false, false })  /* NF4 */
+#define R16_B8 ((r16_kind){ 8, false, false, false, false })  /* Q8_0, int8 */
+#define R16_Q4K ((r16_kind){ 4, false, true, false, true })   /* Q4_K */
+#define R16_Q6K ((r16_kind){ 6, false, true, true, false })   /* Q6_K */
+
+/* Calls F(..., kind) with the kind of R as a constant. */
+#define R16_DISPATCH(R, F, ...)                                       \
+    do {                                                              \
+        if ((R)->kq) {                                                \
+            if ((R)->halves) F(__VA_ARGS__, R16_Q6K);                 \
+            else F(__VA_ARGS__, R16_Q4K);                             \
+        } else if ((R)->bits == 8) F(__VA_ARGS__, R16_B8);            \
+        else if ((R)->lut) F(__VA_ARGS__, R16_NF4);                   \
+        else F(__VA_ARGS__, R16_Q4);                                  \
+    } while (0)
+
+/* The 16 rows' factors of block b of group g: the scale of the block (or
+ * of its first half), of its second half (halves) and its minimum (min). */
+typedef struct {
+    __m512 s0, s1, m;
+} r16_scales;
+
+R16_TARGET static inline __attribute__((always_inline)) __m512 sub16(const int8_t *p)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)p)));
+}
+
+R16_TARGET static inline __attribute__((always_inline)) r16_scales block_scales(const dol_i8_r16 *R, int g, int b,
+                                                                                const r16_kind k)
+{
+    r16_scales f;
+    const size_t gb = (size_t)g * (size_t)R->nb + (size_t)b;
+    if (!k.kq) {
+        f.s0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(R->sc + gb * 16)));
+        if (k.lut) f.s0 = _mm512_mul_ps(f.s0, _mm512_set1_ps(R->smul));
+        f.s1 = f.m = f.s0;
+        return f;
+    }
+    const uint16_t *sc = R->sc + (gb / 8) * 32;
+    const int8_t *sub = R->sub + gb * 32;
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
+    f.s0 = _mm512_mul_ps(d, sub16(sub));
+    f.s1 = k.halves ? _mm512_mul_ps(d, sub16(sub + 16)) : f.s0;
+    f.m = k.min ? _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + 16))), sub16(sub + 16)) : f.s0;
+    return f;
+}
+
+/* acc = fma((float)I0, s0 * d, acc) [halves: then fma((float)I1, s1 * d,
+ * acc)] [min: then acc - m * (float)(sum q) * d]: one row of x, block b. */
+R16_TARGET static inline __attribute__((always_inline)) __m512 scale_block(r16_scales f, __m512 acc, __m512i I0,
+                                                                          __m512i I1, float d, const int32_t *sq,
+                                                                          const r16_kind k)
+{
+    const __m512 vd = _mm512_set1_ps(d);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0), _mm512_mul_ps(f.s0, vd), acc);
+    if (k.halves) acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I1), _mm512_mul_ps(f.s1, vd), acc);
+    if (k.min) acc = _mm512_fnmadd_ps(f.m, _mm512_set1_ps((float)(sq[0] + sq[1]) * d), acc);
+    return acc;
+}
+
+/* u of 4-input group 2v (lo) and 2v + 1 (hi) of a 4- or 6-bit block at w. */
+R16_TARGET static inline __attribute__((always_inline)) void unpack_pair(const dol_i8_r16 *R, const uint8_t *w,
+                                                                        int v, __m512i *lo, __m512i *hi,
+                                                                        const r16_kind k)
+{
+    const __m512i m4 = _mm512_set1_epi8(0xF), m2 = _mm512_set1_epi8(0x30);
+    const __m512i raw = _mm512_load_si512((const void *)(w + 64 * v));
+    *lo = _mm512_and_si512(raw, m4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+    if (k.lut) {
+        const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)R->codes));
+        *lo = _mm512_shuffle_epi8(book, *lo), *hi = _mm512_shuffle_epi8(book, *hi);
+    }
+    if (k.bits == 6) { /* the high 2 bits of group j: bits 2 (j % 4) of plane j / 4, moved to bits 4-5 */
+        const __m512i hp = _mm512_load_si512((const void *)(w + 256 + 64 * (v / 2)));
+        const __m512i a = v % 2 ? hp : _mm512_slli_epi16(hp, 4), b = v % 2 ? _mm512_srli_epi16(hp, 2) : _mm512_slli_epi16(hp, 2);
+        *lo = _mm512_or_si512(*lo, _mm512_and_si512(a, m2));
+        *hi = _mm512_or_si512(*hi, _mm512_and_si512(b, m2));
+    }
+}
 
 R16_TARGET static inline int32_t x4(const int8_t *p)
 {
@@ -129,184 +281,218 @@ R16_TARGET static inline int32_t x4(const int8_t *p)
 }
 
 /* Rows t0 .. t0+TT-1 of x against group g (rows n .. n+15, `mask` of them
- * real): per block, TT int32 vectors (one lane a row of W) started at
- * -off * sum q, then the 8 groups of 4 inputs, then the scaling. */
+ * real): per block, TT int32 vectors (one lane a row of W; halves: two)
+ * started at -off * sum q, then the 8 groups of 4 inputs, then the
+ * scaling. */
 R16_TARGET static inline __attribute__((always_inline)) void vnni_tile(
     float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int g, int n, __mmask16 mask, int t0,
-    const int TT)
+    const int TT, const r16_kind k)
 {
-    const int32_t *sq = a->sq;
     const int nb = R->nb, K = R->K;
-    const size_t bq = (size_t)R->bits * 64;
+    const size_t bq = (size_t)k.bits * 64;
     const uint8_t *qs = R->qs + (size_t)g * (size_t)nb * bq;
-    const uint16_t *sc = R->sc + (size_t)g * (size_t)nb * 16;
-    const __m512i m4 = _mm512_set1_epi8(0xF);
-    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)R->codes));
     __m512 acc[R16_TILE_MAX];
     for (int i = 0; i < TT; i++) acc[i] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const int8_t *xq = a->q + (size_t)t0 * (size_t)K + (size_t)b * 32;
+        const int32_t *sq = a->sq + ((size_t)t0 * (size_t)nb + (size_t)b) * 2;
         const uint8_t *w = qs + (size_t)b * bq;
         /* the stream ahead into L2: the hardware prefetcher alone trails */
         for (size_t o = 0; o < bq; o += 64) _mm_prefetch((const char *)w + R16_PF_BYTES + o, _MM_HINT_T1);
-        if (!(b & 1)) _mm_prefetch((const char *)(sc + (size_t)b * 16) + R16_PF_BYTES / 8, _MM_HINT_T1);
-        __m512i I[R16_TILE_MAX];
-        for (int i = 0; i < TT; i++) I[i] = _mm512_set1_epi32(-R->off * sq[(size_t)(t0 + i) * (size_t)nb + (size_t)b]);
-        if (R->bits == 4) {
+        if (k.kq) _mm_prefetch((const char *)(R->sub + ((size_t)g * (size_t)nb + (size_t)b) * 32) + R16_PF_BYTES / 8, _MM_HINT_T1);
+        if (!(b & 1)) _mm_prefetch((const char *)(R->sc + ((size_t)g * (size_t)nb + (size_t)b) * 16) + R16_PF_BYTES / 8, _MM_HINT_T1);
+        __m512i I0[R16_TILE_MAX], I1[R16_TILE_MAX];
+        for (int i = 0; i < TT; i++) {
+            const int32_t *si = sq + (size_t)i * (size_t)nb * 2;
+            I0[i] = _mm512_set1_epi32(-R->off * (k.halves ? si[0] : si[0] + si[1]));
+            if (k.halves) I1[i] = _mm512_set1_epi32(-R->off * si[1]);
+            else I1[i] = _mm512_setzero_si512(); /* unused */
+        }
+        if (k.bits != 8) {
             for (int v = 0; v < 4; v++) {
-                const __m512i raw = _mm512_load_si512((const void *)(w + 64 * v));
-                __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-                if (R->lut) lo = _mm512_shuffle_epi8(book, lo), hi = _mm512_shuffle_epi8(book, hi);
+                __m512i lo, hi;
+                unpack_pair(R, w, v, &lo, &hi, k);
                 for (int i = 0; i < TT; i++) {
                     const int8_t *x = xq + (size_t)i * (size_t)K + 8 * v;
-                    I[i] = _mm512_dpbusd_epi32(I[i], lo, _mm512_set1_epi32(x4(x)));
-                    I[i] = _mm512_dpbusd_epi32(I[i], hi, _mm512_set1_epi32(x4(x + 4)));
+                    __m512i *I = k.halves && v >= 2 ? &I1[i] : &I0[i];
+                    *I = _mm512_dpbusd_epi32(*I, lo, _mm512_set1_epi32(x4(x)));
+                    *I = _mm512_dpbusd_epi32(*I, hi, _mm512_set1_epi32(x4(x + 4)));
                 }
             }
         } else {
             for (int j = 0; j < 8; j++) {
                 const __m512i u = _mm512_load_si512((const void *)(w + 64 * j));
                 for (int i = 0; i < TT; i++)
-                    I[i] = _mm512_dpbusd_epi32(I[i], u, _mm512_set1_epi32(x4(xq + (size_t)i * (size_t)K + 4 * j)));
+                    I0[i] = _mm512_dpbusd_epi32(I0[i], u, _mm512_set1_epi32(x4(xq + (size_t)i * (size_t)K + 4 * j)));
             }
         }
-        const __m512 sw = R16_SCALE(R, sc + (size_t)b * 16);
-        for (int i = 0; i < TT; i++) {
-            const __m512 s = _mm512_mul_ps(sw, _mm512_set1_ps(a->d[(size_t)(t0 + i) * (size_t)nb + (size_t)b]));
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[i]), s, acc[i]);
-        }
+        const r16_scales f = block_scales(R, g, b, k);
+        for (int i = 0; i < TT; i++)
+            acc[i] = scale_block(f, acc[i], I0[i], I1[i], a->d[(size_t)(t0 + i) * (size_t)nb + (size_t)b],
+                                 sq + (size_t)i * (size_t)nb * 2, k);
     }
     for (int i = 0; i < TT; i++) _mm512_mask_storeu_ps(out + (size_t)(t0 + i) * (size_t)ldo + n, mask, acc[i]);
 }
 
-R16_TARGET static void vnni_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int n0,
-                                 int n1)
+R16_TARGET static inline __attribute__((always_inline)) void vnni_rows_k(float *out, int ldo, const dol_i8_act *a,
+                                                                        const dol_i8_r16 *R, int n0, int n1,
+                                                                        const r16_kind k)
 {
     for (int n = n0; n < n1; n += DOL_R16_ROWS) {
         const int m = n1 - n < DOL_R16_ROWS ? n1 - n : DOL_R16_ROWS, g = n / DOL_R16_ROWS;
         const __mmask16 mask = (__mmask16)((1u << m) - 1);
         for (int t0 = 0; t0 < a->T; t0 += R16_TILE_MAX) {
             switch (a->T - t0 < R16_TILE_MAX ? a->T - t0 : R16_TILE_MAX) {
-            case 1: vnni_tile(out, ldo, a, R, g, n, mask, t0, 1); break;
-            case 2: vnni_tile(out, ldo, a, R, g, n, mask, t0, 2); break;
-            case 3: vnni_tile(out, ldo, a, R, g, n, mask, t0, 3); break;
-            case 4: vnni_tile(out, ldo, a, R, g, n, mask, t0, 4); break;
-            case 5: vnni_tile(out, ldo, a, R, g, n, mask, t0, 5); break;
-            case 6: vnni_tile(out, ldo, a, R, g, n, mask, t0, 6); break;
-            case 7: vnni_tile(out, ldo, a, R, g, n, mask, t0, 7); break;
-            default: vnni_tile(out, ldo, a, R, g, n, mask, t0, 8); break;
+            case 1: vnni_tile(out, ldo, a, R, g, n, mask, t0, 1, k); break;
+            case 2: vnni_tile(out, ldo, a, R, g, n, mask, t0, 2, k); break;
+            case 3: vnni_tile(out, ldo, a, R, g, n, mask, t0, 3, k); break;
+            case 4: vnni_tile(out, ldo, a, R, g, n, mask, t0, 4, k); break;
+            case 5: vnni_tile(out, ldo, a, R, g, n, mask, t0, 5, k); break;
+            case 6: vnni_tile(out, ldo, a, R, g, n, mask, t0, 6, k); break;
+            case 7: vnni_tile(out, ldo, a, R, g, n, mask, t0, 7, k); break;
+            default: vnni_tile(out, ldo, a, R, g, n, mask, t0, 8, k); break;
             }
         }
     }
 }
 
-/* Group g's weights as signed int8 tiles (w = u - off), 512 bytes a block. */
-R16_AMX_TARGET static void group_tiles(const dol_i8_r16 *R, int g, int8_t *wt)
+R16_TARGET static void vnni_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int n0,
+                                 int n1)
 {
-    const size_t bq = (size_t)R->bits * 64;
+    R16_DISPATCH(R, vnni_rows_k, out, ldo, a, R, n0, n1);
+}
+
+/* Group g's weights as signed int8 tiles (w = u - off), 512 bytes a block. */
+R16_AMX_TARGET static inline __attribute__((always_inline)) void group_tiles(const dol_i8_r16 *R, int g, int8_t *wt,
+                                                                            const r16_kind k)
+{
+    const size_t bq = (size_t)k.bits * 64;
     const uint8_t *qs = R->qs + (size_t)g * (size_t)R->nb * bq;
-    const __m512i m4 = _mm512_set1_epi8(0xF), off = _mm512_set1_epi8((char)R->off);
-    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)R->codes));
+    const __m512i off = _mm512_set1_epi8((char)R->off);
     for (int b = 0; b < R->nb; b++) {
         const uint8_t *w = qs + (size_t)b * bq;
         int8_t *o = wt + (size_t)b * 512;
-        if (R->bits == 8) {
+        if (k.bits == 8) {
             for (int j = 0; j < 8; j++)
                 _mm512_store_si512((void *)(o + 64 * j), _mm512_sub_epi8(_mm512_load_si512((const void *)(w + 64 * j)), off));
             continue;
         }
         for (int v = 0; v < 4; v++) {
-            const __m512i raw = _mm512_load_si512((const void *)(w + 64 * v));
-            __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-            if (R->lut) lo = _mm512_shuffle_epi8(book, lo), hi = _mm512_shuffle_epi8(book, hi);
+            __m512i lo, hi;
+            unpack_pair(R, w, v, &lo, &hi, k);
             _mm512_store_si512((void *)(o + 128 * v), _mm512_sub_epi8(lo, off));
             _mm512_store_si512((void *)(o + 128 * v + 64), _mm512_sub_epi8(hi, off));
         }
     }
 }
 
-/* acc[i] = fma((float)C[i], sw * d[t0 + i][b], acc[i]) for the mt tokens. */
-R16_AMX_TARGET static inline __attribute__((always_inline)) void amx_scale(__m512 *acc, const int32_t *c,
-                                                                            __m512 sw, const float *d, int nb,
-                                                                            int mt)
+/* The scaling of one C tile (mt tokens x 16 rows) of block b into acc:
+ * part 0 (the block, or its first half) or 1 (the second half). */
+R16_AMX_TARGET static inline __attribute__((always_inline)) void amx_scale(
+    __m512 *acc, const int32_t *c, r16_scales f, const dol_i8_act *a, int t0, int b, int part, int mt,
+    const r16_kind k)
 {
+    const size_t nb = (size_t)a->nb;
     for (int i = 0; i < mt; i++) {
-        const __m512 s = _mm512_mul_ps(sw, _mm512_set1_ps(d[(size_t)i * (size_t)nb]));
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + 16 * i))), s, acc[i]);
+        const size_t o = (size_t)(t0 + i) * nb + (size_t)b;
+        const float d = a->d[o];
+        const __m512 I = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + 16 * i)));
+        acc[i] = _mm512_fmadd_ps(I, _mm512_mul_ps(part ? f.s1 : f.s0, _mm512_set1_ps(d)), acc[i]);
+        if (k.min) acc[i] = _mm512_fnmadd_ps(f.m, _mm512_set1_ps((float)(a->sq[2 * o] + a->sq[2 * o + 1]) * d), acc[i]);
     }
 }
 
+/* C tile c = x tile tx (from xp, rows K bytes apart) x W tile tw (from wp). */
+#define R16_TILE_PRODUCT(c, tx, tw, xp, wp, K) \
+    do {                                       \
+        _tile_loadd(tx, (xp), (K));            \
+        _tile_loadd(tw, (wp), 64);             \
+        _tile_zero(c);                         \
+        _tile_dpbssd(c, tx, tw);               \
+    } while (0)
+
 /* One token block (mt <= 16 tokens from t0) against group g: per block of
- * inputs, C = x tile x W tile (TDPBSSD, the whole block's integer), two
- * blocks in flight (C in tiles 0 / 1, x in 2 / 4, W in 3 / 5). */
+ * inputs, C = x tile x W tile (TDPBSSD: the whole block's integer; halves:
+ * two products of 16 inputs), two in flight (C in tiles 0 / 1). */
 R16_AMX_TARGET static inline __attribute__((always_inline)) void amx_block(
     float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, const int8_t *wt, int g, int n,
-    __mmask16 mask, int t0, int mt, int32_t *c0, int32_t *c1)
+    __mmask16 mask, int t0, int mt, int32_t *c0, int32_t *c1, const r16_kind k)
 {
     const int nb = R->nb, K = R->K;
-    const uint16_t *sc = R->sc + (size_t)g * (size_t)nb * 16;
     const int8_t *xq = a->q + (size_t)t0 * (size_t)K;
-    const float *d = a->d + (size_t)t0 * (size_t)nb;
     __m512 acc[DOL_R16_ROWS];
     for (int i = 0; i < DOL_R16_ROWS; i++) acc[i] = _mm512_setzero_ps();
-    int b = 0;
-    for (; b + 1 < nb; b += 2) {
-        _tile_loadd(2, xq + (size_t)b * 32, K);
-        _tile_loadd(3, wt + (size_t)b * 512, 64);
-        _tile_zero(0);
-        _tile_dpbssd(0, 2, 3);
-        _tile_loadd(4, xq + (size_t)(b + 1) * 32, K);
-        _tile_loadd(5, wt + (size_t)(b + 1) * 512, 64);
-        _tile_zero(1);
-        _tile_dpbssd(1, 4, 5);
-        _tile_stored(0, c0, 64);
-        amx_scale(acc, c0, R16_SCALE(R, sc + (size_t)b * 16), d + b, nb, mt);
-        _tile_stored(1, c1, 64);
-        amx_scale(acc, c1, R16_SCALE(R, sc + (size_t)(b + 1) * 16), d + b + 1, nb, mt);
-    }
-    if (b < nb) {
-        _tile_loadd(2, xq + (size_t)b * 32, K);
-        _tile_loadd(3, wt + (size_t)b * 512, 64);
-        _tile_zero(0);
-        _tile_dpbssd(0, 2, 3);
-        _tile_stored(0, c0, 64);
-        amx_scale(acc, c0, R16_SCALE(R, sc + (size_t)b * 16), d + b, nb, mt);
+    for (int b = 0; b < nb;) {
+        const int8_t *x = xq + (size_t)b * 32, *w = wt + (size_t)b * 512;
+        if (k.halves) {
+            R16_TILE_PRODUCT(0, 2, 3, x, w, K);
+            R16_TILE_PRODUCT(1, 4, 5, x + 16, w + 256, K);
+            const r16_scales f = block_scales(R, g, b, k);
+            _tile_stored(0, c0, 64);
+            amx_scale(acc, c0, f, a, t0, b, 0, mt, k);
+            _tile_stored(1, c1, 64);
+            amx_scale(acc, c1, f, a, t0, b, 1, mt, k);
+            b++;
+        } else if (b + 1 < nb) {
+            R16_TILE_PRODUCT(0, 2, 3, x, w, K);
+            R16_TILE_PRODUCT(1, 4, 5, x + 32, w + 512, K);
+            _tile_stored(0, c0, 64);
+            amx_scale(acc, c0, block_scales(R, g, b, k), a, t0, b, 0, mt, k);
+            _tile_stored(1, c1, 64);
+            amx_scale(acc, c1, block_scales(R, g, b + 1, k), a, t0, b + 1, 0, mt, k);
+            b += 2;
+        } else {
+            R16_TILE_PRODUCT(0, 2, 3, x, w, K);
+            _tile_stored(0, c0, 64);
+            amx_scale(acc, c0, block_scales(R, g, b, k), a, t0, b, 0, mt, k);
+            b++;
+        }
     }
     for (int i = 0; i < mt; i++) _mm512_mask_storeu_ps(out + (size_t)(t0 + i) * (size_t)ldo + n, mask, acc[i]);
 }
 
-R16_AMX_TARGET static void amx_config(int mt)
+/* Tiles 0-1: C (tokens x 16 rows); 2 / 4: x (tokens x kb inputs); 3 / 5:
+ * W (kb / 4 rows of 16 rows x 4 inputs); kb = 32, or 16 for halves. */
+R16_AMX_TARGET static void amx_config(int mt, int kb)
 {
     dol_amx_tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int i = 0; i < 2; i++) cfg.rows[i] = (uint8_t)mt, cfg.colsb[i] = 64;    /* C: tokens x 16 rows */
-    for (int i = 2; i < 6; i += 2) cfg.rows[i] = (uint8_t)mt, cfg.colsb[i] = 32; /* x: tokens x 32 inputs */
-    for (int i = 3; i < 6; i += 2) cfg.rows[i] = 8, cfg.colsb[i] = 64;           /* W: 8 x (16 rows x 4) */
+    for (int i = 0; i < 2; i++) cfg.rows[i] = (uint8_t)mt, cfg.colsb[i] = 64;
+    for (int i = 2; i < 6; i += 2) cfg.rows[i] = (uint8_t)mt, cfg.colsb[i] = (uint16_t)kb;
+    for (int i = 3; i < 6; i += 2) cfg.rows[i] = (uint8_t)(kb / 4), cfg.colsb[i] = 64;
     __asm__ volatile("" : : "r"(&cfg) : "memory"); /* the stores above are LDTILECFG's operand */
     _tile_loadconfig(&cfg);
+}
+
+R16_AMX_TARGET static inline __attribute__((always_inline)) void amx_rows_k(float *out, int ldo,
+                                                                           const dol_i8_act *a,
+                                                                           const dol_i8_r16 *R, int n0, int n1,
+                                                                           uint8_t *scratch, const r16_kind k)
+{
+    int8_t *wt = (int8_t *)scratch;
+    int32_t *c0 = (int32_t *)(scratch + (size_t)R->nb * 512), *c1 = c0 + 256;
+    const int T = a->T, tail = T % DOL_R16_ROWS, kb = k.halves ? 16 : 32;
+    for (int n = n0; n < n1; n += DOL_R16_ROWS) {
+        const int m = n1 - n < DOL_R16_ROWS ? n1 - n : DOL_R16_ROWS, g = n / DOL_R16_ROWS;
+        const __mmask16 mask = (__mmask16)((1u << m) - 1);
+        group_tiles(R, g, wt, k);
+        amx_config(DOL_R16_ROWS, kb);
+        int t0 = 0;
+        for (; t0 + DOL_R16_ROWS <= T; t0 += DOL_R16_ROWS)
+            amx_block(out, ldo, a, R, wt, g, n, mask, t0, DOL_R16_ROWS, c0, c1, k);
+        if (tail) {
+            amx_config(tail, kb);
+            amx_block(out, ldo, a, R, wt, g, n, mask, t0, tail, c0, c1, k);
+        }
+    }
+    _tile_release();
 }
 
 R16_AMX_TARGET static void amx_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int n0,
                                     int n1, uint8_t *scratch)
 {
-    int8_t *wt = (int8_t *)scratch;
-    int32_t *c0 = (int32_t *)(scratch + (size_t)R->nb * 512), *c1 = c0 + 256;
-    const int T = a->T, tail = T % DOL_R16_ROWS;
-    for (int n = n0; n < n1; n += DOL_R16_ROWS) {
-        const int m = n1 - n < DOL_R16_ROWS ? n1 - n : DOL_R16_ROWS, g = n / DOL_R16_ROWS;
-        const __mmask16 mask = (__mmask16)((1u << m) - 1);
-        group_tiles(R, g, wt);
-        amx_config(DOL_R16_ROWS);
-        int t0 = 0;
-        for (; t0 + DOL_R16_ROWS <= T; t0 += DOL_R16_ROWS)
-            amx_block(out, ldo, a, R, wt, g, n, mask, t0, DOL_R16_ROWS, c0, c1);
-        if (tail) {
-            amx_config(tail);
-            amx_block(out, ldo, a, R, wt, g, n, mask, t0, tail, c0, c1);
-        }
-    }
-    _tile_release();
+    R16_DISPATCH(R, amx_rows_k, out, ldo, a, R, n0, n1, scratch);
 }
 
 void dol_i8_r16_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int n0, int n1,

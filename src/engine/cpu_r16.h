@@ -6,34 +6,44 @@
  * tile unit's second operand for AMX-INT8. The design and measurements:
  * docs/performance.md, "The interleaved layout".
  *
- * Formats: GGUF Q4_0 and Q8_0, Dolphin's load-time NF4 and Q8_0 (int8);
- * every format whose block of 32 is 32 integers w with one scale sw
- * (W = sw * w), no minimum.
+ * Formats: GGUF Q4_0, Q8_0, Q4_K and Q6_K, Dolphin's load-time NF4 and
+ * Q8_0 (int8): those of Q4_0 / Q4_K_M / Q8_0 files and both load-time
+ * formats. (Q4_1, Q5_*, Q2_K, Q3_K and Q5_K keep cpu_i8.h's kernels.)
  *
- * Layout of a matrix of N rows, K inputs (K a multiple of 32; NF4: of 64),
- * G = ceil(N / 16) groups, nb = K / 32 blocks:
- *   qs: per group g and block b, at (g * nb + b) * 64 * bits bytes, the
- *     16 rows' weights as unsigned u = w + off, interleaved: weight k of
- *     row r at byte (k / 4) * 64 + r * 4 + k % 4 of the 512 u values;
- *     8 bits: those bytes; 4 bits: 256 bytes, byte i of vector v (64 bytes)
- *     holding u at 2v * 64 + i in its low nibble and (2v + 1) * 64 + i in
- *     its high nibble (NF4: the code, read through lut to u);
- *   sc: per group and block, at (g * nb + b) * 16, the 16 rows' scales as
- *     F16 (NF4: the block's absmax; sw = absmax * (1 / 127));
- *   rows past N: u = 0, scale 0.
+ * Layout of a matrix of N rows, K inputs (K a multiple of 32; NF4: of 64;
+ * K-quants: of 256), G = ceil(N / 16) groups, nb = K / 32 blocks; gb =
+ * g * nb + b:
+ *   qs: per group and block, at gb * 64 * bits bytes, the 16 rows' 32
+ *     weights as unsigned u = w + off, interleaved: weight k of row r at
+ *     position p = (k / 4) * 64 + r * 4 + k % 4 of 512;
+ *     bits 8: byte p; 4: 256 bytes, byte i of vector v (64 bytes) holding
+ *     position 2v * 64 + i in its low nibble, (2v + 1) * 64 + i in its high
+ *     one (NF4: the code, read through `codes` to u); 6 (Q6_K): the low 4
+ *     bits so, then 128 bytes of the high 2 bits, byte i of vector p / 256
+ *     holding position p at bits 2 (p / 64 % 4) of byte p % 64;
+ *   sc: F16, per group and block at gb * 16 the rows' block scales (NF4:
+ *     the absmax, sw = absmax * (1 / 127)); K-quants, per group and
+ *     super-block at (gb / 8) * 32: 16 d, then 16 dmin;
+ *   sub (K-quants): int8, per group and block at gb * 32: Q4_K the 16
+ *     rows' 6-bit scales then minima (sw = d * sc, mw = dmin * m), Q6_K the
+ *     scales of the first half then the second (sw_h = d * sc_h);
+ *   rows past N: u = 0, scales 0.
  *
  * Arithmetic of one output y[t][n] (t a row of x quantized as cpu_i8.h
  * says: q, d per block of 32), defined on whole-block integers:
- *   I_b = sum_{k < 32} w_k q_k (int32, exact; computed as sum u_k q_k -
- *   off * sum q_k on VNNI, the sums from a->sq, as TDPBSSD on the tile
- *   unit), and
- *   acc = 0; for b = 0 .. nb-1: acc = fma((float)I_b, sw_b * d_b, acc);
+ *   I_b = sum_{k < 32} w_k q_k (int32, exact; on VNNI sum u_k q_k - off *
+ *   sum q_k, the sums from a->sq; on the tile unit TDPBSSD); Q6_K one per
+ *   half (I_b0, I_b1);
+ *   acc = 0; for b = 0 .. nb-1:
+ *     acc = fma((float)I_b, sw_b * d_b, acc)
+ *     [Q6_K: acc = fma((float)I_b0, sw_b0 * d_b, acc), then I_b1, sw_b1]
+ *     [Q4_K: then acc = acc - mw_b * ((float)(sum q) * d_b), one fnmadd];
  *   y = acc.
  * Every T, tile, thread split and unit (VNNI below 16 rows of x, the tile
  * unit from 16 when the CPU has AMX-INT8) runs these operations, so the
  * results are batch-invariant bit for bit, and the tile unit's prefill
  * gives decode's bits. They are not the lane-wise bits of cpu_i8.h's
- * kernels (the float sums are in another order). */
+ * kernels (the float sums run in another order). */
 #ifndef DOLPHIN_ENGINE_CPU_R16_H
 #define DOLPHIN_ENGINE_CPU_R16_H
 
@@ -47,17 +57,21 @@
 
 typedef struct dol_i8_r16 {
     int N, K, nb, groups;
-    int bits;        /* 4 or 8 */
-    int off;         /* u = w + off: Q4_0 8, the others 128 */
+    int bits;        /* 4, 6 or 8 */
+    int off;         /* u = w + off: Q4_0 8, Q4_K 0, Q6_K 32, the others 128 */
     float smul;      /* sw = F16 scale * smul when nonzero (NF4: 1 / 127) */
     bool lut;        /* 4 bits read through codes (NF4) */
+    bool kq;         /* K-quant scales (sub below) */
+    bool halves;     /* a scale per 16 inputs (Q6_K) */
+    bool min;        /* a minimum per block (Q4_K) */
     uint8_t codes[16];
     uint8_t *qs;     /* owned (aligned_alloc), layout above */
     uint16_t *sc;    /* owned */
+    int8_t *sub;     /* owned; kq only */
 } dol_i8_r16;
 
 /* Whether the layout takes a matrix of this format (cpu_i8.h's dtype: Q4_0,
- * Q8_0, DOL_I8_NF4, DOL_I8_Q8) and width K. */
+ * Q8_0, Q4_K, Q6_K, DOL_I8_NF4, DOL_I8_Q8) and width K. */
 bool dol_i8_r16_takes(dol_dtype t, int K);
 
 /* Whether its kernels run here: AVX-512F/BW/VL, AVX512-VNNI and F16C in

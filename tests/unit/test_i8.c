@@ -391,32 +391,78 @@ static void test_error_bound(void **state)
 
 /* ---- the interleaved layout (cpu_r16.h) ------------------------------------ */
 
-/* Block b's scale sw of row n, read from the format's own arrays. */
-static float r16_scale(const matrix *m, int n, int b)
+/* The scale of half h of block b of row n (the same for both halves but
+ * in Q6_K) and its minimum (Q4_K), read from the format's own arrays. */
+static float r16_scale(const matrix *m, int n, int b, int h, float *mw)
 {
+    *mw = 0.0f;
     if (m->v.t == DOL_I8_NF4)
         return dol_f16_to_f32(m->nf4.scales[(size_t)n * m->nf4.blocks_per_row + (size_t)(b / 2)]) * (1.0f / 127.0f);
     if (m->v.t == DOL_I8_Q8) return dol_f16_to_f32(m->q8.scales[(size_t)n * m->q8.blocks_per_row + (size_t)b]);
-    uint16_t h;
-    memcpy(&h, m->blocks + (size_t)n * m->v.row_bytes + (size_t)b * dol_dtype_block_bytes(m->v.t), 2);
-    return dol_f16_to_f32(h);
+    const uint8_t *row = m->blocks + (size_t)n * m->v.row_bytes;
+    uint16_t d, dmin;
+    if (m->v.t == DOL_DTYPE_Q4_K) {
+        const uint8_t *p = row + (size_t)(b / 8) * 144;
+        int sc, mn;
+        dol_blk_k4_scale_min(b % 8, p + 4, &sc, &mn);
+        memcpy(&d, p, 2);
+        memcpy(&dmin, p + 2, 2);
+        *mw = dol_f16_to_f32(dmin) * (float)mn;
+        return dol_f16_to_f32(d) * (float)sc;
+    }
+    if (m->v.t == DOL_DTYPE_Q6_K) {
+        const uint8_t *p = row + (size_t)(b / 8) * 210;
+        memcpy(&d, p + 208, 2);
+        return dol_f16_to_f32(d) * (float)(int8_t)p[192 + 2 * (b % 8) + h];
+    }
+    memcpy(&d, row + (size_t)b * dol_dtype_block_bytes(m->v.t), 2);
+    return dol_f16_to_f32(d);
 }
 
-/* y[t][n] by the layout's arithmetic: whole-block integers, then
- * acc = fma((float)I_b, sw_b * d_b, acc) in block order. */
+/* Weight k of row n as its integer w (W = sw * w [- mw]): GGUF blocks
+ * decoded from their bytes (ggml's layouts), the load-time formats from P. */
+static int r16_int(const matrix *m, int n, int k, float sw)
+{
+    const uint8_t *row = m->blocks + (size_t)n * m->v.row_bytes;
+    const int b = k / 32, l = k % 32, j = b % 8;
+    switch ((int)m->v.t) {
+    case DOL_DTYPE_Q8_0: return (int8_t)row[(size_t)b * 34 + 2 + (size_t)l];
+    case DOL_DTYPE_Q4_0: return ((row[(size_t)b * 18 + 2 + (size_t)(l % 16)] >> (4 * (l / 16))) & 0xF) - 8;
+    case DOL_DTYPE_Q4_K: return (row[(size_t)(b / 8) * 144 + 16 + (size_t)(32 * (j / 2) + l)] >> (4 * (j % 2))) & 0xF;
+    case DOL_DTYPE_Q6_K: {
+        const uint8_t *p = row + (size_t)(b / 8) * 210;
+        const int h = j / 4, qd = j % 4;
+        const int lo = (p[64 * h + 32 * (qd % 2) + l] >> (4 * (qd / 2))) & 0xF, hi = (p[128 + 32 * h + l] >> (2 * qd)) & 3;
+        return (lo | hi << 4) - 32;
+    }
+    default: return (int)lround(m->P[(size_t)n * m->v.K + k] / (double)sw); /* P = sw * w exactly */
+    }
+}
+
+/* y[t][n] by the layout's arithmetic: whole-block (halves: half-block)
+ * integers, then in block order acc = fma((float)I, sw * d, acc), less
+ * mw * (float)(sum q) * d with a minimum. */
 static float r16_reference(const matrix *m, const dol_i8_act *a, int t, int n)
 {
     const int K = m->v.K;
+    const bool halves = m->v.t == DOL_DTYPE_Q6_K;
     float acc = 0.0f;
     for (int b = 0; b < K / 32; b++) {
-        const float sw = r16_scale(m, n, b);
-        int32_t I = 0;
-        for (int k = 32 * b; k < 32 * b + 32; k++) {
-            const long w = lround(m->P[(size_t)n * K + k] / (double)sw); /* P = sw * w exactly */
+        const float d = a->d[(size_t)t * a->nb + b];
+        int32_t I[2] = { 0, 0 }, S = 0;
+        float sw[2], mw;
+        for (int h = 0; h < 2; h++) sw[h] = r16_scale(m, n, b, h, &mw);
+        for (int k = 0; k < 32; k++) {
+            const int h = halves && k >= 16, q = a->q[(size_t)t * K + 32 * b + k];
+            const int w = r16_int(m, n, 32 * b + k, sw[h]);
             assert_true(w >= -128 && w <= 127);
-            I += (int32_t)w * a->q[(size_t)t * K + k];
+            assert_true(m->P[(size_t)n * K + 32 * b + k] == 0.0 || fabs(m->P[(size_t)n * K + 32 * b + k] / ((double)sw[h] * w) - 1.0) < 1e-5);
+            I[h] += w * q;
+            S += q;
         }
-        acc = fmaf((float)I, sw * a->d[(size_t)t * a->nb + b], acc);
+        acc = fmaf((float)I[0], sw[0] * d, acc);
+        if (halves) acc = fmaf((float)I[1], sw[1] * d, acc);
+        if (m->v.t == DOL_DTYPE_Q4_K) acc = fmaf(-mw, (float)S * d, acc);
     }
     return acc;
 }
@@ -489,7 +535,7 @@ static void test_interleaved(void **state)
         dol_i8_r16_free(&R);
         free_matrix(&m);
     }
-    assert_int_equal(seen, 4);
+    assert_int_equal(seen, 6);
     dol_pool_free(pools[0]);
     dol_pool_free(pools[1]);
 }
