@@ -109,7 +109,9 @@ void dol_amx_product(float *out, int N, int n0, int m, const uint16_t *wp, const
  * int8 path sums lanes of 4 products instead (cpu_i8.h): the two differ
  * in the float rounding only, by about nb * 2^-24 of sum |terms| per
  * output (tests/unit/test_cpu_amx.c), and are not the same bits, so this
- * path too is taken only when batch_invariant is false.
+ * path too is taken only when batch_invariant is false. (The formats of
+ * the interleaved layout, cpu_r16.h, run their own tile products, with
+ * decode's bits, by default.)
  *
  * x, packed by dol_amx_i8_pack_x: per block of 16 tokens (tb) and block of
  * 32 inputs (kc), 768 bytes at (tb * K/32 + kc) * 768: the tile unit's

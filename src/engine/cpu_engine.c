@@ -663,17 +663,16 @@ static int choose_activations(cpu_engine *e, const dol_engine_params *p)
 /* ---- the interleaved layout (cpu_r16.h) ---------------------------------- */
 
 /* Whether the quantized layers are repacked into the interleaved layout:
- * on the 512-bit int8 set, by default where the CPU has AMX-INT8 (the
- * layout's prefill runs there with decode's bits); DOLPHIN_CPU_R16=0 / 1
- * turns it off / on (on: any CPU with the avx512vnni set). */
+ * by default wherever the int8 set is avx512vnni (with AMX-INT8 its
+ * prefill runs on the tile unit, with decode's bits); DOLPHIN_CPU_R16=0
+ * turns it off, `vnni` keeps it off the tile unit. */
 static bool r16_wanted(const cpu_engine *e)
 {
     if (!e->use_i8) return false;
     const dol_cpu_i8 *s = dol_cpu_i8_get();
     if (!s || strcmp(s->name, "avx512vnni") != 0 || !dol_i8_r16_available()) return false;
     const char *env = getenv("DOLPHIN_CPU_R16");
-    if (env && *env) return strcmp(env, "0") != 0;
-    return dol_amx_i8_available();
+    return !(env && strcmp(env, "0") == 0);
 }
 
 static dol_i8_weight i8_weight_of(const linear_w *w)
@@ -727,7 +726,8 @@ static size_t drop_pages(void *p, size_t bytes)
 static int prepare_r16(cpu_engine *e)
 {
     if (!r16_wanted(e)) return 0;
-    e->r16_amx = dol_amx_i8_available();
+    const char *env = getenv("DOLPHIN_CPU_R16");
+    e->r16_amx = dol_amx_i8_available() && !(env && strcmp(env, "vnni") == 0);
     const double t0 = dol_now_ms();
     size_t bytes = 0, released = 0;
     int n = 0;
@@ -894,8 +894,9 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
             if (c->intermediate_size > kmax) kmax = c->intermediate_size;
             if (!i8 && dol_cpu_fast_reserve(&e->fast, e->max_T, kmax) != 0) goto oom;
             e->use_fast = true;
-            dol_log(DOL_LOG_INFO, "cpu_fast_prefill", "arithmetic=%s unit=amx min_rows=%d",
-                    i8 ? "int8" : "bf16x3", DOL_CPU_FAST_MIN_T);
+            /* (the interleaved layout's layers run on the tile unit either way) */
+            dol_log(DOL_LOG_INFO, "cpu_fast_prefill", "arithmetic=%s unit=amx min_rows=%d layout=%s",
+                    i8 ? "int8" : "bf16x3", DOL_CPU_FAST_MIN_T, e->r16_amx ? "interleaved16" : "row_major");
         } else {
             dol_log(DOL_LOG_WARN, "cpu_fast_prefill_unavailable",
                     "batch_invariant=false reason=%s (cpu or os); products stay exact",

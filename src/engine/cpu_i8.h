@@ -46,7 +46,10 @@
  *   a_j = E_j + O_j, and y = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
  * A row's activations depend on that row only and every output runs
  * these operations whatever T, the tile it falls in or the thread split,
- * so results are batch-invariant bit for bit. */
+ * so results are batch-invariant bit for bit. (Where the engine repacks a
+ * matrix into the interleaved layout, cpu_r16.h, that layout's own
+ * arithmetic on whole-block integers runs instead, over the same
+ * quantized activations.) */
 #ifndef DOLPHIN_ENGINE_CPU_I8_H
 #define DOLPHIN_ENGINE_CPU_I8_H
 

@@ -3,8 +3,9 @@
  * weight rows repacked at load in groups of 16, interleaved by 4 inputs,
  * so that one 512-bit VNNI product (vpdpbusd) multiplies 4 inputs of one
  * token by 16 rows at once, one lane a row, and the same bytes are the
- * tile unit's second operand for AMX-INT8. The design and measurements:
- * docs/performance.md, "The interleaved layout".
+ * tile unit's second operand for AMX-INT8. The engine repacks where the
+ * avx512vnni int8 set runs (DOLPHIN_CPU_R16=0: never). The design and
+ * measurements: docs/performance.md, "The interleaved layout".
  *
  * Formats: GGUF Q4_0, Q8_0, Q4_K and Q6_K, Dolphin's load-time NF4 and
  * Q8_0 (int8): those of Q4_0 / Q4_K_M / Q8_0 files and both load-time
