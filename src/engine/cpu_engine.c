@@ -752,8 +752,8 @@ static int prepare_r16(cpu_engine *e)
             dol_pool_run(e->pool, r16_task, &j, (w->r16.groups + j.per - 1) / j.per);
             bytes += dol_i8_r16_bytes(&w->r16);
             n++;
-            if (w->blk) {
-                released += dol_model_release(e->model, &w->w);
+            if (w->blk) { /* (a tied lm_head is the embedding, still read in place) */
+                if (w->w.data != e->model->embed.data) released += dol_model_release(e->model, &w->w);
             } else {
                 void *arr[2] = { w->nf4 ? (void *)w->q.codes : (void *)w->q8m.quants,
                                  w->nf4 ? (void *)w->q.scales : (void *)w->q8m.scales };
@@ -809,6 +809,10 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
         e->embed = model->embed; /* read row by row in its own dtype */
         e->weight_bytes += dol_tensor_bytes(&model->embed);
     }
+    /* the arithmetic, and the interleaved copies, before the pool is sized
+     * from what memory they leave */
+    if (choose_activations(e, p) != 0) goto oom;
+    if (prepare_r16(e) != 0) goto oom;
 
     /* KV pool: as asked, else sized from the memory left after the weights */
     e->kv_k = p->kv_dtype_k;
@@ -871,8 +875,6 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
     e->scores = xcalloc((size_t)threads * e->scores_stride, sizeof(float), &fail);
     e->tok_run = xcalloc(T + 1, sizeof(int), &fail);
     if (fail) goto oom;
-    if (choose_activations(e, p) != 0) goto oom;
-    if (prepare_r16(e) != 0) goto oom;
     if (p->fast_prefill) {
         /* F32 weights keep the exact kernels (cpu_ops.h); so does a kernel
          * set below avx512 forced by DOLPHIN_CPU_KERNELS. Weights on 8-bit
@@ -896,7 +898,8 @@ static int cpu_create_range(const dol_model *model, const dol_engine_params *p, 
             e->use_fast = true;
             /* (the interleaved layout's layers run on the tile unit either way) */
             dol_log(DOL_LOG_INFO, "cpu_fast_prefill", "arithmetic=%s unit=amx min_rows=%d layout=%s",
-                    i8 ? "int8" : "bf16x3", DOL_CPU_FAST_MIN_T, e->r16_amx ? "interleaved16" : "row_major");
+                    i8 ? "int8" : "bf16x3", DOL_CPU_FAST_MIN_T,
+                    !i8 || !q0->r16.qs ? "row_major" : e->r16_amx ? "interleaved16" : "interleaved16_vnni");
         } else {
             dol_log(DOL_LOG_WARN, "cpu_fast_prefill_unavailable",
                     "batch_invariant=false reason=%s (cpu or os); products stay exact",

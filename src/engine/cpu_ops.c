@@ -330,7 +330,7 @@ static void fast_prepare(dol_pool *pool, fused_job *j)
     const int blocks = (j->T + DOL_AMX_ROWS - 1) / DOL_AMX_ROWS;
     bool all_r16 = true;
     for (int i = 0; i < j->n_w; i++) all_r16 = all_r16 && j->W[i]->r16;
-    if (all_r16) return; /* the layout's own product takes the tile unit */
+    if (all_r16) return; /* the layout's own products (on the tile unit unless r16_amx is off) */
     bool all_i8 = dol_amx_i8_available();
     for (int i = 0; i < j->n_w && all_i8; i++) all_i8 = i8_weight_ok(j, j->W[i]);
     if (all_i8) {

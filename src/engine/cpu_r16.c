@@ -21,8 +21,6 @@ bool dol_i8_r16_takes(dol_dtype t, int K)
     return t == DOL_DTYPE_Q4_0 || t == DOL_DTYPE_Q8_0 || t == DOL_I8_Q8;
 }
 
-bool dol_i8_r16_available(void) { return dol_cpu_i8_find("avx512vnni") != NULL; }
-
 static size_t per_group(const dol_i8_r16 *R, size_t per_block) { return (size_t)R->groups * (size_t)R->nb * per_block; }
 static size_t qs_bytes(const dol_i8_r16 *R) { return per_group(R, (size_t)R->bits * 64); }
 static size_t sc_bytes(const dol_i8_r16 *R) { return per_group(R, R->kq ? 2 * sizeof(uint16_t) * 16 / 8 : sizeof(uint16_t) * 16); }
@@ -179,6 +177,8 @@ size_t dol_i8_r16_scratch_bytes(int K) { return (size_t)(K / 32) * 512 + 2 * 102
 #if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
 #include <immintrin.h>
 
+bool dol_i8_r16_available(void) { return dol_cpu_i8_find("avx512vnni") != NULL; }
+
 #define R16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
 #define R16_AMX_TARGET \
     __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
@@ -300,7 +300,8 @@ R16_TARGET static inline __attribute__((always_inline)) void vnni_tile(
         /* the stream ahead into L2: the hardware prefetcher alone trails */
         for (size_t o = 0; o < bq; o += 64) _mm_prefetch((const char *)w + R16_PF_BYTES + o, _MM_HINT_T1);
         if (k.kq) _mm_prefetch((const char *)(R->sub + ((size_t)g * (size_t)nb + (size_t)b) * 32) + R16_PF_BYTES / 8, _MM_HINT_T1);
-        if (!(b & 1)) _mm_prefetch((const char *)(R->sc + ((size_t)g * (size_t)nb + (size_t)b) * 16) + R16_PF_BYTES / 8, _MM_HINT_T1);
+        if (!k.kq && !(b & 1)) _mm_prefetch((const char *)(R->sc + ((size_t)g * (size_t)nb + (size_t)b) * 16) + R16_PF_BYTES / 8, _MM_HINT_T1);
+        if (k.kq && !(b & 7)) _mm_prefetch((const char *)(R->sc + ((size_t)g * (size_t)nb + (size_t)b) * 4) + R16_PF_BYTES / 8, _MM_HINT_T1);
         __m512i I0[R16_TILE_MAX], I1[R16_TILE_MAX];
         for (int i = 0; i < TT; i++) {
             const int32_t *si = sq + (size_t)i * (size_t)nb * 2;
@@ -505,6 +506,8 @@ void dol_i8_r16_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 
 }
 
 #else /* not x86-64 (or a compiler without AMX intrinsics): never available */
+
+bool dol_i8_r16_available(void) { return false; }
 
 void dol_i8_r16_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int n0, int n1,
                      void *amx_scratch)

@@ -515,7 +515,15 @@ static void test_interleaved(void **state)
                     assert_true(n >= 16 ? memcmp(&o, &r, sizeof o) == 0 : o == -7.0f);
                 }
         }
-        /* through the engine's products: the reference's bits at every T */
+        /* through the engine's products: the reference's bits at every T,
+         * reading the layout only (the format's own arrays scribbled over),
+         * with the opt-in fast path allowed too */
+        if (m.blocks) memset(m.blocks, 0x5A, (size_t)N * m.v.row_bytes);
+        if (m.nf4.codes) memset(m.nf4.codes, 0x5A, dol_nf4_codes_bytes(N, K));
+        if (m.q8.quants) memset(m.q8.quants, 0x5A, dol_q8_quants_bytes(N, K));
+        dol_cpu_fast fast = {0};
+        assert_int_equal(dol_cpu_fast_reserve(&fast, Tmax, K), 0);
+        m.cw.fast = &fast;
         dol_i8_act act = {0};
         m.cw.i8 = &act;
         m.cw.r16 = &R;
@@ -530,6 +538,7 @@ static void test_interleaved(void **state)
                 }
         }
         dol_cpu_i8_act_free(&act);
+        dol_cpu_fast_free(&fast);
         free(scratch), free(ref), free(out), free(x);
         dol_cpu_i8_act_free(&a);
         dol_i8_r16_free(&R);
