@@ -53,6 +53,14 @@ typedef struct {
     linear_w q, k, v, o, gate, up, down;
 } layer_w;
 
+#define LAYER_LINEARS 7
+/* The linear layers of a block, in a fixed order. */
+static void layer_linears(layer_w *L, linear_w *ws[LAYER_LINEARS])
+{
+    ws[0] = &L->q, ws[1] = &L->k, ws[2] = &L->v, ws[3] = &L->o;
+    ws[4] = &L->gate, ws[5] = &L->up, ws[6] = &L->down;
+}
+
 typedef struct {
     const dol_model *model;
     dol_model_config c;       /* c.n_layers: the blocks this instance holds */
@@ -627,9 +635,9 @@ static void cpu_destroy(void *impl);
 static bool any_quantized(const cpu_engine *e)
 {
     for (int l = 0; l < e->c.n_layers; l++) {
-        const layer_w *L = &e->L[l];
-        const linear_w *ws[7] = { &L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down };
-        for (int i = 0; i < 7; i++)
+        linear_w *ws[LAYER_LINEARS];
+        layer_linears(&e->L[l], ws);
+        for (int i = 0; i < LAYER_LINEARS; i++)
             if (is_quantized(ws[i])) return true;
     }
     return e->has_head && is_quantized(&e->lm_head);
@@ -719,10 +727,35 @@ static size_t drop_pages(void *p, size_t bytes)
     return b > a && madvise((void *)a, b - a, MADV_DONTNEED) == 0 ? (size_t)(b - a) : 0;
 }
 
-/* Repack every quantized layer the layout takes, over the pool; the
- * layer's own arrays are dropped after (the checkpoint's pages of a GGUF
- * tensor, the converted NF4 / int8 buffers): the products read only the
- * layout from then on. -1 when out of memory. */
+/* Repack w if the layout takes it, over the pool, then drop its own arrays
+ * (the checkpoint's pages of a GGUF tensor, the converted NF4 / int8
+ * buffers): the products read only the layout from then on. Adds to *bytes
+ * and *released; 1 when repacked, 0 when the layout does not take w, -1
+ * when out of memory. */
+static int repack_linear(cpu_engine *e, linear_w *w, size_t *bytes, size_t *released)
+{
+    const dol_i8_weight W = i8_weight_of(w);
+    if (!is_quantized(w) || !dol_i8_r16_takes(W.t, W.K)) return 0;
+    if (dol_i8_r16_alloc(&w->r16, &W) != 0) return -1;
+    const int threads = dol_pool_threads(e->pool);
+    r16_job j = { &w->r16, &W, (w->r16.groups + 4 * threads - 1) / (4 * threads) };
+    dol_pool_run(e->pool, r16_task, &j, (w->r16.groups + j.per - 1) / j.per);
+    *bytes += dol_i8_r16_bytes(&w->r16);
+    if (w->blk) { /* (a tied lm_head is the embedding, still read in place) */
+        if (w->w.data != e->model->embed.data) *released += dol_model_release(e->model, &w->w);
+        return 1;
+    }
+    void *arr[2] = { w->nf4 ? (void *)w->q.codes : (void *)w->q8m.quants,
+                     w->nf4 ? (void *)w->q.scales : (void *)w->q8m.scales };
+    const size_t len[2] = {
+        w->nf4 ? dol_nf4_codes_bytes(w->w.rows, w->w.cols) : dol_q8_quants_bytes(w->w.rows, w->w.cols),
+        w->nf4 ? dol_nf4_scales_bytes(w->w.rows, w->w.cols) : dol_q8_scales_bytes(w->w.rows, w->w.cols) };
+    for (int a = 0; a < 2; a++) *released += e->wcache ? drop_pages(arr[a], len[a]) : disown(e, arr[a], len[a]);
+    return 1;
+}
+
+/* Every quantized layer the layout takes, repacked; one log line. -1 when
+ * out of memory. */
 static int prepare_r16(cpu_engine *e)
 {
     if (!r16_wanted(e)) return 0;
@@ -730,40 +763,14 @@ static int prepare_r16(cpu_engine *e)
     e->r16_amx = dol_amx_i8_available() && !(env && strcmp(env, "vnni") == 0);
     const double t0 = dol_now_ms();
     size_t bytes = 0, released = 0;
-    int n = 0;
-    for (int l = 0; l <= e->c.n_layers; l++) {
-        linear_w *ws[7];
-        int k = 0;
-        if (l < e->c.n_layers) {
-            layer_w *L = &e->L[l];
-            linear_w *all[7] = { &L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down };
-            for (k = 0; k < 7; k++) ws[k] = all[k];
-        } else if (e->has_head) {
-            ws[k++] = &e->lm_head;
-        }
-        for (int i = 0; i < k; i++) {
-            linear_w *w = ws[i];
-            if (!is_quantized(w)) continue;
-            const dol_i8_weight W = i8_weight_of(w);
-            if (!dol_i8_r16_takes(W.t, W.K)) continue;
-            if (dol_i8_r16_alloc(&w->r16, &W) != 0) return -1;
-            const int threads = dol_pool_threads(e->pool);
-            r16_job j = { &w->r16, &W, (w->r16.groups + 4 * threads - 1) / (4 * threads) };
-            dol_pool_run(e->pool, r16_task, &j, (w->r16.groups + j.per - 1) / j.per);
-            bytes += dol_i8_r16_bytes(&w->r16);
-            n++;
-            if (w->blk) { /* (a tied lm_head is the embedding, still read in place) */
-                if (w->w.data != e->model->embed.data) released += dol_model_release(e->model, &w->w);
-            } else {
-                void *arr[2] = { w->nf4 ? (void *)w->q.codes : (void *)w->q8m.quants,
-                                 w->nf4 ? (void *)w->q.scales : (void *)w->q8m.scales };
-                size_t len[2] = { w->nf4 ? dol_nf4_codes_bytes(w->w.rows, w->w.cols) : dol_q8_quants_bytes(w->w.rows, w->w.cols),
-                                  w->nf4 ? dol_nf4_scales_bytes(w->w.rows, w->w.cols) : dol_q8_scales_bytes(w->w.rows, w->w.cols) };
-                for (int a = 0; a < 2; a++)
-                    released += e->wcache ? drop_pages(arr[a], len[a]) : disown(e, arr[a], len[a]);
-            }
-        }
+    int n = 0, r = 0;
+    for (int l = 0; l < e->c.n_layers && r >= 0; l++) {
+        linear_w *ws[LAYER_LINEARS];
+        layer_linears(&e->L[l], ws);
+        for (int i = 0; i < LAYER_LINEARS && r >= 0; i++) n += r = repack_linear(e, ws[i], &bytes, &released);
     }
+    if (r >= 0 && e->has_head) n += r = repack_linear(e, &e->lm_head, &bytes, &released);
+    if (r < 0) return -1;
     e->released_bytes += released;
     dol_log(DOL_LOG_INFO, "cpu_int8_layout",
             "layout=interleaved16 matrices=%d bytes=%zu released_bytes=%zu prefill=%s seconds=%.3f", n, bytes,
@@ -932,9 +939,9 @@ static void cpu_destroy(void *impl)
     dol_wcache_close(e->wcache);
     free(e->owned);
     for (int l = 0; e->L && l < e->c.n_layers; l++) {
-        layer_w *L = &e->L[l];
-        linear_w *ws[7] = { &L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down };
-        for (int i = 0; i < 7; i++) dol_i8_r16_free(&ws[i]->r16);
+        linear_w *ws[LAYER_LINEARS];
+        layer_linears(&e->L[l], ws);
+        for (int i = 0; i < LAYER_LINEARS; i++) dol_i8_r16_free(&ws[i]->r16);
     }
     dol_i8_r16_free(&e->lm_head.r16);
     free(e->L);
