@@ -110,7 +110,9 @@ int dol_cpu_i8_act_reserve(dol_i8_act *a, int T, int K)
         float *dv = aligned_alloc(64, (sizeof(float) * 8 * rows * (size_t)nbc + 63) / 64 * 64);
         int32_t *ns = aligned_alloc(64, (sizeof(int32_t) * 8 * rows * (size_t)nbc + 63) / 64 * 64);
         int32_t *sq = malloc(sizeof(int32_t) * 2 * rows * (size_t)nbc);
-        if (!q || !d || !s || !dv || !ns || !sq) {
+        float *sd = malloc(sizeof(float) * rows * (size_t)nbc);
+        if (!q || !d || !s || !dv || !ns || !sq || !sd) {
+            free(sd);
             free(sq);
             free(q);
             free(d);
@@ -126,6 +128,7 @@ int dol_cpu_i8_act_reserve(dol_i8_act *a, int T, int K)
         a->dv = dv;
         a->ns = ns;
         a->sq = sq;
+        a->sd = sd;
         a->cap = rows;
         a->K_cap = kc;
     }
@@ -143,9 +146,10 @@ void dol_cpu_i8_act_free(dol_i8_act *a)
     free(a->dv);
     free(a->ns);
     free(a->sq);
+    free(a->sd);
     a->q = NULL;
     a->ns = a->sq = NULL;
-    a->d = a->s = a->dv = NULL;
+    a->d = a->s = a->dv = a->sd = NULL;
     a->cap = 0;
     a->K_cap = 0;
 }

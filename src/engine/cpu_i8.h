@@ -72,6 +72,7 @@ typedef struct dol_i8_act {
     float *d;   /* [T][nb] block scales */
     float *s;   /* [T][nb][8] sums of each group of 4 quantized inputs, times d */
     int32_t *sq; /* [T][nb][2] sums of the quantized inputs of each half block */
+    float *sd;   /* [T][nb] (float)(sq[0] + sq[1]) * d: the factor of a block's minimum (cpu_r16.h) */
     /* for the 512-bit set's in-register tiles (T < 16 only): */
     float *dv;   /* [T][nb][8] d of each block, repeated over the block's 8 lanes */
     int32_t *ns; /* [T][nb][8] minus the sum of each group of 4 quantized inputs: the

@@ -1047,6 +1047,7 @@ static void i8_quantize(dol_i8_act *a, const float *x, int t0, int t1)
                 half[j / 4] += sum;
             }
             a->sq[2 * o] = half[0], a->sq[2 * o + 1] = half[1]; /* for the interleaved layout (cpu_r16.h) */
+            a->sd[o] = (float)(half[0] + half[1]) * a->d[o];
         }
 }
 

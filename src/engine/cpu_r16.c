@@ -17,13 +17,18 @@ bool dol_i8_r16_takes(dol_dtype t, int K)
 {
     if (K <= 0 || K % 32 != 0) return false;
     if (t == DOL_I8_NF4) return K % 64 == 0;
-    if (t == DOL_DTYPE_Q4_K || t == DOL_DTYPE_Q6_K) return K % 256 == 0;
-    return t == DOL_DTYPE_Q4_0 || t == DOL_DTYPE_Q8_0 || t == DOL_I8_Q8;
+    if (t == DOL_DTYPE_Q4_K || t == DOL_DTYPE_Q5_K || t == DOL_DTYPE_Q6_K) return K % 256 == 0;
+    return t == DOL_DTYPE_Q4_0 || t == DOL_DTYPE_Q4_1 || t == DOL_DTYPE_Q5_0 || t == DOL_DTYPE_Q5_1 ||
+           t == DOL_DTYPE_Q8_0 || t == DOL_I8_Q8;
 }
 
 static size_t per_group(const dol_i8_r16 *R, size_t per_block) { return (size_t)R->groups * (size_t)R->nb * per_block; }
 static size_t qs_bytes(const dol_i8_r16 *R) { return per_group(R, (size_t)R->bits * 64); }
-static size_t sc_bytes(const dol_i8_r16 *R) { return per_group(R, R->kq ? 2 * sizeof(uint16_t) * 16 / 8 : sizeof(uint16_t) * 16); }
+static size_t sc_per_block(const dol_i8_r16 *R) { return R->min ? 32 : 16; } /* F16 a group and block (not kq) */
+static size_t sc_bytes(const dol_i8_r16 *R)
+{
+    return per_group(R, R->kq ? 2 * sizeof(uint16_t) * 16 / 8 : sizeof(uint16_t) * sc_per_block(R));
+}
 static size_t sub_bytes(const dol_i8_r16 *R) { return R->kq ? per_group(R, 32) : 0; }
 
 size_t dol_i8_r16_bytes(const dol_i8_r16 *R) { return R->qs ? qs_bytes(R) + sc_bytes(R) + sub_bytes(R) : 0; }
@@ -40,7 +45,11 @@ int dol_i8_r16_alloc(dol_i8_r16 *R, const dol_i8_weight *W)
         R->bits = 4, R->off = 128, R->lut = true, R->smul = 1.0f / 127.0f;
         for (int i = 0; i < 16; i++) R->codes[i] = (uint8_t)(dol_nf4_i8_codes[i] + 128);
         break;
+    case DOL_DTYPE_Q4_1: R->bits = 4, R->off = 0, R->min = true; break;
+    case DOL_DTYPE_Q5_0: R->bits = 5, R->off = 16; break;
+    case DOL_DTYPE_Q5_1: R->bits = 5, R->off = 0, R->min = true; break;
     case DOL_DTYPE_Q4_K: R->bits = 4, R->off = 0, R->kq = R->min = true; break;
+    case DOL_DTYPE_Q5_K: R->bits = 5, R->off = 0, R->kq = R->min = true; break;
     case DOL_DTYPE_Q6_K: R->bits = 6, R->off = 32, R->kq = R->halves = true; break;
     default: R->bits = 8, R->off = 128; break; /* Q8_0, int8 */
     }
@@ -65,9 +74,10 @@ void dol_i8_r16_free(dol_i8_r16 *R)
 }
 
 /* Block b of row n: 32 values u (u = w + off; NF4: the codes), the F16
- * scale (K-quants: the super-block's d, and dmin in h2) and the K-quants'
- * integers of the block (Q4_K: its scale and minimum; Q6_K: its halves'
- * scales). */
+ * scale (K-quants: the super-block's d, and dmin in h2; Q4_1, Q5_1: the
+ * minimum m in h2) and the K-quants'
+ * integers of the block (Q4_K, Q5_K: its scale and minimum; Q6_K: its
+ * halves' scales). */
 typedef struct {
     uint8_t u[32];
     uint16_t h, h2;
@@ -90,15 +100,41 @@ static void read_block(const dol_i8_weight *W, int n, int b, row_block *o)
         for (int k = 0; k < 16; k++) o->u[k] = p[2 + k] & 0xF, o->u[k + 16] = p[2 + k] >> 4;
         break;
     }
-    case DOL_DTYPE_Q4_K: { /* d, dmin, 12 bytes of 6-bit scales and minima, 128 of quants */
-        const uint8_t *p = row + (size_t)(b / 8) * 144;
+    case DOL_DTYPE_Q4_1: { /* d, m, 16 bytes of nibbles as Q4_0 */
+        const uint8_t *p = row + (size_t)b * 20;
+        memcpy(&o->h, p, 2);
+        memcpy(&o->h2, p + 2, 2);
+        for (int k = 0; k < 16; k++) o->u[k] = p[4 + k] & 0xF, o->u[k + 16] = p[4 + k] >> 4;
+        break;
+    }
+    case DOL_DTYPE_Q5_0:   /* d, 32 high bits, 16 bytes of low nibbles (weights k and k + 16) */
+    case DOL_DTYPE_Q5_1: { /* d, m, then the same */
+        const int m = W->t == DOL_DTYPE_Q5_1 ? 2 : 0;
+        const uint8_t *p = row + (size_t)b * (size_t)(22 + m);
+        uint32_t qh;
+        memcpy(&o->h, p, 2);
+        if (m) memcpy(&o->h2, p + 2, 2);
+        memcpy(&qh, p + 2 + m, 4);
+        for (int k = 0; k < 16; k++) {
+            o->u[k] = (uint8_t)((p[6 + m + k] & 0xF) | ((qh >> k) & 1) << 4);
+            o->u[k + 16] = (uint8_t)((p[6 + m + k] >> 4) | ((qh >> (k + 16)) & 1) << 4);
+        }
+        break;
+    }
+    case DOL_DTYPE_Q4_K:   /* d, dmin, 12 bytes of 6-bit scales and minima, 128 of quants */
+    case DOL_DTYPE_Q5_K: { /* the same, with 32 bytes of high bits (bit j: block j) before the quants */
+        const bool q5 = W->t == DOL_DTYPE_Q5_K;
+        const uint8_t *p = row + (size_t)(b / 8) * (q5 ? 176 : 144);
         const int j = b % 8;
         int sc, mn;
         memcpy(&o->h, p, 2);
         memcpy(&o->h2, p + 2, 2);
         dol_blk_k4_scale_min(j, p + 4, &sc, &mn);
         o->s0 = (int8_t)sc, o->s1 = (int8_t)mn;
-        for (int k = 0; k < 32; k++) o->u[k] = (p[16 + 32 * (j / 2) + k] >> (4 * (j % 2))) & 0xF;
+        for (int k = 0; k < 32; k++) {
+            o->u[k] = (p[(q5 ? 48 : 16) + 32 * (j / 2) + k] >> (4 * (j % 2))) & 0xF;
+            if (q5) o->u[k] |= (uint8_t)(((p[16 + k] >> j) & 1) << 4);
+        }
         break;
     }
     case DOL_DTYPE_Q6_K: { /* 128 bytes of low 4 bits, 64 of high 2 bits, 16 scales, d */
@@ -137,15 +173,17 @@ void dol_i8_r16_fill(dol_i8_r16 *R, const dol_i8_weight *W, int g0, int g1)
             const size_t gb = (size_t)g * (size_t)R->nb + (size_t)b;
             uint8_t *q = R->qs + gb * bq;
             int8_t *sub = R->kq ? R->sub + gb * 32 : NULL;
-            uint16_t *sc = R->kq ? R->sc + (gb / 8) * 32 : R->sc + gb * 16;
+            uint16_t *sc = R->kq ? R->sc + (gb / 8) * 32 : R->sc + gb * sc_per_block(R);
             memset(q, 0, bq);
             if (sub) memset(sub, 0, 32);
             for (int r = 0; r < DOL_R16_ROWS; r++) {
                 const int n = g * DOL_R16_ROWS + r;
                 row_block o = { .h = 0 };
                 if (n < R->N) read_block(W, n, b, &o);
-                if (!R->kq) sc[r] = o.h;
-                else {
+                if (!R->kq) {
+                    sc[r] = o.h;
+                    if (R->min) sc[16 + r] = o.h2;
+                } else {
                     if (b % 8 == 0) sc[r] = o.h, sc[16 + r] = o.h2;
                     sub[r] = o.s0, sub[16 + r] = o.s1;
                 }
@@ -165,6 +203,11 @@ void dol_i8_r16_fill(dol_i8_r16 *R, const dol_i8_weight *W, int g0, int g1)
                         uint8_t *ph = q + 256 + 64 * (j / 4) + 4 * r;
                         memcpy(&hi, ph, 4);
                         hi |= ((u >> 4) & 0x03030303u) << (2 * (j % 4));
+                        memcpy(ph, &hi, 4);
+                    } else if (R->bits == 5) {
+                        uint8_t *ph = q + 256 + 4 * r;
+                        memcpy(&hi, ph, 4);
+                        hi |= ((u >> 4) & 0x01010101u) << j;
                         memcpy(ph, &hi, 4);
                     }
                 }
@@ -194,7 +237,11 @@ typedef struct {
 #define R16_Q4 ((r16_kind){ 4, false, false, false, false })  /* Q4_0 */
 #define R16_NF4 ((r16_kind){ 4, true, false, false, false })  /* NF4 */
 #define R16_B8 ((r16_kind){ 8, false, false, false, false })  /* Q8_0, int8 */
+#define R16_Q41 ((r16_kind){ 4, false, false, false, true })  /* Q4_1 */
+#define R16_Q5 ((r16_kind){ 5, false, false, false, false })  /* Q5_0 */
+#define R16_Q51 ((r16_kind){ 5, false, false, false, true })  /* Q5_1 */
 #define R16_Q4K ((r16_kind){ 4, false, true, false, true })   /* Q4_K */
+#define R16_Q5K ((r16_kind){ 5, false, true, false, true })   /* Q5_K */
 #define R16_Q6K ((r16_kind){ 6, false, true, true, false })   /* Q6_K */
 
 /* Calls F(..., kind) with the kind of R as a constant. */
@@ -202,9 +249,13 @@ typedef struct {
     do {                                                              \
         if ((R)->kq) {                                                \
             if ((R)->halves) F(__VA_ARGS__, R16_Q6K);                 \
+            else if ((R)->bits == 5) F(__VA_ARGS__, R16_Q5K);         \
             else F(__VA_ARGS__, R16_Q4K);                             \
         } else if ((R)->bits == 8) F(__VA_ARGS__, R16_B8);            \
+        else if ((R)->bits == 5 && (R)->min) F(__VA_ARGS__, R16_Q51); \
+        else if ((R)->bits == 5) F(__VA_ARGS__, R16_Q5);              \
         else if ((R)->lut) F(__VA_ARGS__, R16_NF4);                   \
+        else if ((R)->min) F(__VA_ARGS__, R16_Q41);                   \
         else F(__VA_ARGS__, R16_Q4);                                  \
     } while (0)
 
@@ -224,10 +275,12 @@ R16_TARGET static inline __attribute__((always_inline)) r16_scales block_scales(
 {
     r16_scales f;
     const size_t gb = (size_t)g * (size_t)R->nb + (size_t)b;
-    if (!k.kq) {
-        f.s0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(R->sc + gb * 16)));
+    if (!k.kq) { /* Q4_1, Q5_1: w = d q + m, so the factor of sum q is -m (negated exactly) */
+        const uint16_t *sc = R->sc + gb * (k.min ? 32 : 16);
+        f.s0 = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
         if (k.lut) f.s0 = _mm512_mul_ps(f.s0, _mm512_set1_ps(R->smul));
         f.s1 = f.m = f.s0;
+        if (k.min) f.m = _mm512_xor_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + 16))), _mm512_set1_ps(-0.0f));
         return f;
     }
     const uint16_t *sc = R->sc + (gb / 8) * 32;
@@ -242,17 +295,17 @@ R16_TARGET static inline __attribute__((always_inline)) r16_scales block_scales(
 /* acc = fma((float)I0, s0 * d, acc) [halves: then fma((float)I1, s1 * d,
  * acc)] [min: then acc - m * (float)(sum q) * d]: one row of x, block b. */
 R16_TARGET static inline __attribute__((always_inline)) __m512 scale_block(r16_scales f, __m512 acc, __m512i I0,
-                                                                          __m512i I1, float d, const int32_t *sq,
+                                                                          __m512i I1, float d, float sd,
                                                                           const r16_kind k)
 {
     const __m512 vd = _mm512_set1_ps(d);
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0), _mm512_mul_ps(f.s0, vd), acc);
     if (k.halves) acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I1), _mm512_mul_ps(f.s1, vd), acc);
-    if (k.min) acc = _mm512_fnmadd_ps(f.m, _mm512_set1_ps((float)(sq[0] + sq[1]) * d), acc);
+    if (k.min) acc = _mm512_fnmadd_ps(f.m, _mm512_set1_ps(sd), acc); /* sd = (float)(sum q) * d */
     return acc;
 }
 
-/* u of 4-input group 2v (lo) and 2v + 1 (hi) of a 4- or 6-bit block at w. */
+/* u of 4-input group 2v (lo) and 2v + 1 (hi) of a 4-, 5- or 6-bit block at w. */
 R16_TARGET static inline __attribute__((always_inline)) void unpack_pair(const dol_i8_r16 *R, const uint8_t *w,
                                                                         int v, __m512i *lo, __m512i *hi,
                                                                         const r16_kind k)
@@ -270,6 +323,11 @@ R16_TARGET static inline __attribute__((always_inline)) void unpack_pair(const d
         const __m512i a = v % 2 ? hp : _mm512_slli_epi16(hp, 4), b = v % 2 ? _mm512_srli_epi16(hp, 2) : _mm512_slli_epi16(hp, 2);
         *lo = _mm512_or_si512(*lo, _mm512_and_si512(a, m2));
         *hi = _mm512_or_si512(*hi, _mm512_and_si512(b, m2));
+    }
+    if (k.bits == 5) { /* the high bit of group j: bit j of the plane, added as 16 */
+        const __m512i hp = _mm512_load_si512((const void *)(w + 256)), b16 = _mm512_set1_epi8(16);
+        *lo = _mm512_mask_add_epi8(*lo, _mm512_test_epi8_mask(hp, _mm512_set1_epi8((char)(1 << (2 * v)))), *lo, b16);
+        *hi = _mm512_mask_add_epi8(*hi, _mm512_test_epi8_mask(hp, _mm512_set1_epi8((char)(2 << (2 * v)))), *hi, b16);
     }
 }
 
@@ -300,7 +358,8 @@ R16_TARGET static inline __attribute__((always_inline)) void vnni_tile(
         /* the stream ahead into L2: the hardware prefetcher alone trails */
         for (size_t o = 0; o < bq; o += 64) _mm_prefetch((const char *)w + R16_PF_BYTES + o, _MM_HINT_T1);
         if (k.kq) _mm_prefetch((const char *)(R->sub + ((size_t)g * (size_t)nb + (size_t)b) * 32) + R16_PF_BYTES / 8, _MM_HINT_T1);
-        if (!k.kq && !(b & 1)) _mm_prefetch((const char *)(R->sc + ((size_t)g * (size_t)nb + (size_t)b) * 16) + R16_PF_BYTES / 8, _MM_HINT_T1);
+        if (!k.kq && (k.min || !(b & 1)))
+            _mm_prefetch((const char *)(R->sc + ((size_t)g * (size_t)nb + (size_t)b) * (k.min ? 32 : 16)) + R16_PF_BYTES / 8, _MM_HINT_T1);
         if (k.kq && !(b & 7)) _mm_prefetch((const char *)(R->sc + ((size_t)g * (size_t)nb + (size_t)b) * 4) + R16_PF_BYTES / 8, _MM_HINT_T1);
         __m512i I0[R16_TILE_MAX], I1[R16_TILE_MAX];
         for (int i = 0; i < TT; i++) {
@@ -328,9 +387,10 @@ R16_TARGET static inline __attribute__((always_inline)) void vnni_tile(
             }
         }
         const r16_scales f = block_scales(R, g, b, k);
-        for (int i = 0; i < TT; i++)
-            acc[i] = scale_block(f, acc[i], I0[i], I1[i], a->d[(size_t)(t0 + i) * (size_t)nb + (size_t)b],
-                                 sq + (size_t)i * (size_t)nb * 2, k);
+        for (int i = 0; i < TT; i++) {
+            const size_t o = (size_t)(t0 + i) * (size_t)nb + (size_t)b;
+            acc[i] = scale_block(f, acc[i], I0[i], I1[i], a->d[o], a->sd[o], k);
+        }
     }
     for (int i = 0; i < TT; i++) _mm512_mask_storeu_ps(out + (size_t)(t0 + i) * (size_t)ldo + n, mask, acc[i]);
 }
@@ -399,7 +459,7 @@ R16_AMX_TARGET static inline __attribute__((always_inline)) void amx_scale(
         const float d = a->d[o];
         const __m512 I = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + 16 * i)));
         acc[i] = _mm512_fmadd_ps(I, _mm512_mul_ps(part ? f.s1 : f.s0, _mm512_set1_ps(d)), acc[i]);
-        if (k.min) acc[i] = _mm512_fnmadd_ps(f.m, _mm512_set1_ps((float)(a->sq[2 * o] + a->sq[2 * o + 1]) * d), acc[i]);
+        if (k.min) acc[i] = _mm512_fnmadd_ps(f.m, _mm512_set1_ps(a->sd[o]), acc[i]);
     }
 }
 

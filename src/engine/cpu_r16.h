@@ -7,9 +7,9 @@
  * avx512vnni int8 set runs (DOLPHIN_CPU_R16=0: never). The design and
  * measurements: docs/performance.md, "The interleaved layout".
  *
- * Formats: GGUF Q4_0, Q8_0, Q4_K and Q6_K, Dolphin's load-time NF4 and
- * Q8_0 (int8): those of Q4_0 / Q4_K_M / Q8_0 files and both load-time
- * formats. (Q4_1, Q5_*, Q2_K, Q3_K and Q5_K keep cpu_i8.h's kernels.)
+ * Formats: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K,
+ * Dolphin's load-time NF4 and Q8_0 (int8). (Q2_K and Q3_K keep cpu_i8.h's
+ * kernels.)
  *
  * Layout of a matrix of N rows, K inputs (K a multiple of 32; NF4: of 64;
  * K-quants: of 256), G = ceil(N / 16) groups, nb = K / 32 blocks; gb =
@@ -19,15 +19,18 @@
  *     position p = (k / 4) * 64 + r * 4 + k % 4 of 512;
  *     bits 8: byte p; 4: 256 bytes, byte i of vector v (64 bytes) holding
  *     position 2v * 64 + i in its low nibble, (2v + 1) * 64 + i in its high
- *     one (NF4: the code, read through `codes` to u); 6 (Q6_K): the low 4
- *     bits so, then 128 bytes of the high 2 bits, byte i of vector p / 256
- *     holding position p at bits 2 (p / 64 % 4) of byte p % 64;
+ *     one (NF4: the code, read through `codes` to u); 5 (Q5_0, Q5_1, Q5_K):
+ *     the low 4 bits so, then 64 bytes of high bits, position p at bit p /
+ *     64 of byte p % 64; 6 (Q6_K): the low 4 bits so, then 128 bytes of the
+ *     high 2 bits, byte i of vector p / 256 holding position p at bits 2 (p
+ *     / 64 % 4) of byte p % 64;
  *   sc: F16, per group and block at gb * 16 the rows' block scales (NF4:
- *     the absmax, sw = absmax * (1 / 127)); K-quants, per group and
+ *     the absmax, sw = absmax * (1 / 127)); Q4_1 and Q5_1 at gb * 32: 16 d,
+ *     then 16 m (w = d q + m: mw = -m); K-quants, per group and
  *     super-block at (gb / 8) * 32: 16 d, then 16 dmin;
- *   sub (K-quants): int8, per group and block at gb * 32: Q4_K the 16
- *     rows' 6-bit scales then minima (sw = d * sc, mw = dmin * m), Q6_K the
- *     scales of the first half then the second (sw_h = d * sc_h);
+ *   sub (K-quants): int8, per group and block at gb * 32: Q4_K and Q5_K the
+ *     16 rows' 6-bit scales then minima (sw = d * sc, mw = dmin * m), Q6_K
+ *     the scales of the first half then the second (sw_h = d * sc_h);
  *   rows past N: u = 0, scales 0.
  *
  * Arithmetic of one output y[t][n] (t a row of x quantized as cpu_i8.h
@@ -38,7 +41,8 @@
  *   acc = 0; for b = 0 .. nb-1:
  *     acc = fma((float)I_b, sw_b * d_b, acc)
  *     [Q6_K: acc = fma((float)I_b0, sw_b0 * d_b, acc), then I_b1, sw_b1]
- *     [Q4_K: then acc = acc - mw_b * ((float)(sum q) * d_b), one fnmadd];
+ *     [with a minimum (Q4_1, Q5_1, Q4_K, Q5_K): then acc = acc - mw_b *
+ *      ((float)(sum q) * d_b), one fnmadd];
  *   y = acc.
  * Every T, tile, thread split and unit (VNNI below 16 rows of x, the tile
  * unit from 16 when the CPU has AMX-INT8) runs these operations, so the
@@ -58,21 +62,21 @@
 
 typedef struct dol_i8_r16 {
     int N, K, nb, groups;
-    int bits;        /* 4, 6 or 8 */
-    int off;         /* u = w + off: Q4_0 8, Q4_K 0, Q6_K 32, the others 128 */
+    int bits;        /* 4, 5, 6 or 8 */
+    int off;         /* u = w + off: Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 / NF4 / int8 128, the others 0 */
     float smul;      /* sw = F16 scale * smul when nonzero (NF4: 1 / 127) */
     bool lut;        /* 4 bits read through codes (NF4) */
     bool kq;         /* K-quant scales (sub below) */
     bool halves;     /* a scale per 16 inputs (Q6_K) */
-    bool min;        /* a minimum per block (Q4_K) */
+    bool min;        /* a minimum per block (Q4_1, Q5_1, Q4_K, Q5_K) */
     uint8_t codes[16];
     uint8_t *qs;     /* owned (aligned_alloc), layout above */
     uint16_t *sc;    /* owned */
     int8_t *sub;     /* owned; kq only */
 } dol_i8_r16;
 
-/* Whether the layout takes a matrix of this format (cpu_i8.h's dtype: Q4_0,
- * Q8_0, Q4_K, Q6_K, DOL_I8_NF4, DOL_I8_Q8) and width K. */
+/* Whether the layout takes a matrix of this format (cpu_i8.h's dtype: the
+ * formats above) and width K. */
 bool dol_i8_r16_takes(dol_dtype t, int K);
 
 /* Whether its kernels run here: AVX-512F/BW/VL, AVX512-VNNI and F16C in
@@ -92,7 +96,7 @@ size_t dol_i8_r16_bytes(const dol_i8_r16 *R);
 size_t dol_i8_r16_scratch_bytes(int K);
 
 /* out[t * ldo + n] for t < a->T, n0 <= n < n1 (n0 a multiple of 16, n1 <=
- * R->N), by the arithmetic above; a->K == R->K, a->sq set. With
+ * R->N), by the arithmetic above; a->K == R->K, a->sq and a->sd set. With
  * amx_scratch (dol_i8_r16_scratch_bytes(K), the caller's, one call at a
  * time; only where dol_amx_i8_available) and a->T >= 16 on the tile unit,
  * else on VNNI: the same bits. Only dol_i8_r16_available hosts may call

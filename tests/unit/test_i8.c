@@ -392,7 +392,8 @@ static void test_error_bound(void **state)
 /* ---- the interleaved layout (cpu_r16.h) ------------------------------------ */
 
 /* The scale of half h of block b of row n (the same for both halves but
- * in Q6_K) and its minimum (Q4_K), read from the format's own arrays. */
+ * in Q6_K) and its minimum mw (Q4_K, Q5_K; Q4_1 and Q5_1: -m), read from
+ * the format's own arrays. */
 static float r16_scale(const matrix *m, int n, int b, int h, float *mw)
 {
     *mw = 0.0f;
@@ -401,8 +402,8 @@ static float r16_scale(const matrix *m, int n, int b, int h, float *mw)
     if (m->v.t == DOL_I8_Q8) return dol_f16_to_f32(m->q8.scales[(size_t)n * m->q8.blocks_per_row + (size_t)b]);
     const uint8_t *row = m->blocks + (size_t)n * m->v.row_bytes;
     uint16_t d, dmin;
-    if (m->v.t == DOL_DTYPE_Q4_K) {
-        const uint8_t *p = row + (size_t)(b / 8) * 144;
+    if (m->v.t == DOL_DTYPE_Q4_K || m->v.t == DOL_DTYPE_Q5_K) {
+        const uint8_t *p = row + (size_t)(b / 8) * (m->v.t == DOL_DTYPE_Q5_K ? 176 : 144);
         int sc, mn;
         dol_blk_k4_scale_min(b % 8, p + 4, &sc, &mn);
         memcpy(&d, p, 2);
@@ -416,6 +417,10 @@ static float r16_scale(const matrix *m, int n, int b, int h, float *mw)
         return dol_f16_to_f32(d) * (float)(int8_t)p[192 + 2 * (b % 8) + h];
     }
     memcpy(&d, row + (size_t)b * dol_dtype_block_bytes(m->v.t), 2);
+    if (m->v.t == DOL_DTYPE_Q4_1 || m->v.t == DOL_DTYPE_Q5_1) {
+        memcpy(&dmin, row + (size_t)b * dol_dtype_block_bytes(m->v.t) + 2, 2);
+        *mw = -dol_f16_to_f32(dmin);
+    }
     return dol_f16_to_f32(d);
 }
 
@@ -428,7 +433,19 @@ static int r16_int(const matrix *m, int n, int k, float sw)
     switch ((int)m->v.t) {
     case DOL_DTYPE_Q8_0: return (int8_t)row[(size_t)b * 34 + 2 + (size_t)l];
     case DOL_DTYPE_Q4_0: return ((row[(size_t)b * 18 + 2 + (size_t)(l % 16)] >> (4 * (l / 16))) & 0xF) - 8;
+    case DOL_DTYPE_Q4_1: return (row[(size_t)b * 20 + 4 + (size_t)(l % 16)] >> (4 * (l / 16))) & 0xF;
+    case DOL_DTYPE_Q5_0:
+    case DOL_DTYPE_Q5_1: {
+        const int q51 = m->v.t == DOL_DTYPE_Q5_1;
+        const uint8_t *p = row + (size_t)b * (size_t)(22 + 2 * q51) + 2 * q51;
+        const uint32_t qh = (uint32_t)p[2] | (uint32_t)p[3] << 8 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 24;
+        return (l < 16 ? p[6 + l] & 0xF : p[6 + l - 16] >> 4) + (int)((qh >> l) & 1) * 16 - 16 * !q51;
+    }
     case DOL_DTYPE_Q4_K: return (row[(size_t)(b / 8) * 144 + 16 + (size_t)(32 * (j / 2) + l)] >> (4 * (j % 2))) & 0xF;
+    case DOL_DTYPE_Q5_K: {
+        const uint8_t *p = row + (size_t)(b / 8) * 176;
+        return ((p[48 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF) + ((p[16 + l] >> j) & 1) * 16;
+    }
     case DOL_DTYPE_Q6_K: {
         const uint8_t *p = row + (size_t)(b / 8) * 210;
         const int h = j / 4, qd = j % 4;
@@ -462,7 +479,8 @@ static float r16_reference(const matrix *m, const dol_i8_act *a, int t, int n)
         }
         acc = fmaf((float)I[0], sw[0] * d, acc);
         if (halves) acc = fmaf((float)I[1], sw[1] * d, acc);
-        if (m->v.t == DOL_DTYPE_Q4_K) acc = fmaf(-mw, (float)S * d, acc);
+        if (m->v.t == DOL_DTYPE_Q4_K || m->v.t == DOL_DTYPE_Q5_K || m->v.t == DOL_DTYPE_Q4_1 || m->v.t == DOL_DTYPE_Q5_1)
+            acc = fmaf(-mw, (float)S * d, acc);
     }
     return acc;
 }
@@ -544,7 +562,7 @@ static void test_interleaved(void **state)
         dol_i8_r16_free(&R);
         free_matrix(&m);
     }
-    assert_int_equal(seen, 6);
+    assert_int_equal(seen, 10);
     dol_pool_free(pools[0]);
     dol_pool_free(pools[1]);
 }
