@@ -17,7 +17,7 @@ bool dol_i8_r16_takes(dol_dtype t, int K)
 {
     if (K <= 0 || K % 32 != 0) return false;
     if (t == DOL_I8_NF4) return K % 64 == 0;
-    if (t == DOL_DTYPE_Q4_K || t == DOL_DTYPE_Q5_K || t == DOL_DTYPE_Q6_K) return K % 256 == 0;
+    if (t == DOL_DTYPE_Q2_K || t == DOL_DTYPE_Q3_K || t == DOL_DTYPE_Q4_K || t == DOL_DTYPE_Q5_K || t == DOL_DTYPE_Q6_K) return K % 256 == 0;
     return t == DOL_DTYPE_Q4_0 || t == DOL_DTYPE_Q4_1 || t == DOL_DTYPE_Q5_0 || t == DOL_DTYPE_Q5_1 ||
            t == DOL_DTYPE_Q8_0 || t == DOL_I8_Q8;
 }
@@ -29,7 +29,8 @@ static size_t sc_bytes(const dol_i8_r16 *R)
 {
     return per_group(R, R->kq ? 2 * sizeof(uint16_t) * 16 / 8 : sizeof(uint16_t) * sc_per_block(R));
 }
-static size_t sub_bytes(const dol_i8_r16 *R) { return R->kq ? per_group(R, 32) : 0; }
+static size_t sub_per_block(const dol_i8_r16 *R) { return R->halves && R->min ? 64 : 32; } /* kq */
+static size_t sub_bytes(const dol_i8_r16 *R) { return R->kq ? per_group(R, sub_per_block(R)) : 0; }
 
 size_t dol_i8_r16_bytes(const dol_i8_r16 *R) { return R->qs ? qs_bytes(R) + sc_bytes(R) + sub_bytes(R) : 0; }
 
@@ -48,6 +49,8 @@ int dol_i8_r16_alloc(dol_i8_r16 *R, const dol_i8_weight *W)
     case DOL_DTYPE_Q4_1: R->bits = 4, R->off = 0, R->min = true; break;
     case DOL_DTYPE_Q5_0: R->bits = 5, R->off = 16; break;
     case DOL_DTYPE_Q5_1: R->bits = 5, R->off = 0, R->min = true; break;
+    case DOL_DTYPE_Q2_K: R->bits = 2, R->off = 0, R->kq = R->halves = R->min = true; break;
+    case DOL_DTYPE_Q3_K: R->bits = 3, R->off = 4, R->kq = R->halves = true; break;
     case DOL_DTYPE_Q4_K: R->bits = 4, R->off = 0, R->kq = R->min = true; break;
     case DOL_DTYPE_Q5_K: R->bits = 5, R->off = 0, R->kq = R->min = true; break;
     case DOL_DTYPE_Q6_K: R->bits = 6, R->off = 32, R->kq = R->halves = true; break;
@@ -75,13 +78,13 @@ void dol_i8_r16_free(dol_i8_r16 *R)
 
 /* Block b of row n: 32 values u (u = w + off; NF4: the codes), the F16
  * scale (K-quants: the super-block's d, and dmin in h2; Q4_1, Q5_1: the
- * minimum m in h2) and the K-quants'
- * integers of the block (Q4_K, Q5_K: its scale and minimum; Q6_K: its
- * halves' scales). */
+ * minimum m in h2) and the K-quants' integers of the block (Q4_K, Q5_K:
+ * its scale and minimum; Q3_K, Q6_K: its halves' scales; Q2_K: those and
+ * its halves' minima m0, m1). */
 typedef struct {
     uint8_t u[32];
     uint16_t h, h2;
-    int8_t s0, s1;
+    int8_t s0, s1, m0, m1;
 } row_block;
 
 static void read_block(const dol_i8_weight *W, int n, int b, row_block *o)
@@ -119,6 +122,25 @@ static void read_block(const dol_i8_weight *W, int n, int b, row_block *o)
             o->u[k] = (uint8_t)((p[6 + m + k] & 0xF) | ((qh >> k) & 1) << 4);
             o->u[k + 16] = (uint8_t)((p[6 + m + k] >> 4) | ((qh >> (k + 16)) & 1) << 4);
         }
+        break;
+    }
+    case DOL_DTYPE_Q2_K: { /* 16 bytes of scale (low nibble) and minimum per 16, 64 of 2-bit quants, d, dmin */
+        const uint8_t *p = row + (size_t)(b / 8) * 84;
+        const int j = b % 8;
+        memcpy(&o->h, p + 80, 2);
+        memcpy(&o->h2, p + 82, 2);
+        o->s0 = (int8_t)(p[2 * j] & 0xF), o->s1 = (int8_t)(p[2 * j + 1] & 0xF);
+        o->m0 = (int8_t)(p[2 * j] >> 4), o->m1 = (int8_t)(p[2 * j + 1] >> 4);
+        for (int k = 0; k < 32; k++) o->u[k] = (p[16 + 32 * (j / 4) + k] >> (2 * (j % 4))) & 3;
+        break;
+    }
+    case DOL_DTYPE_Q3_K: { /* 32 bytes of high bits (bit j: block j), 64 of low 2 bits, 12 of scales, d */
+        const uint8_t *p = row + (size_t)(b / 8) * 110;
+        const int j = b % 8;
+        memcpy(&o->h, p + 108, 2);
+        o->s0 = (int8_t)dol_blk_q3k_scale(2 * j, p + 96), o->s1 = (int8_t)dol_blk_q3k_scale(2 * j + 1, p + 96);
+        for (int k = 0; k < 32; k++)
+            o->u[k] = (uint8_t)(((p[32 + 32 * (j / 4) + k] >> (2 * (j % 4))) & 3) | ((p[k] >> j) & 1) << 2);
         break;
     }
     case DOL_DTYPE_Q4_K:   /* d, dmin, 12 bytes of 6-bit scales and minima, 128 of quants */
@@ -172,10 +194,10 @@ void dol_i8_r16_fill(dol_i8_r16 *R, const dol_i8_weight *W, int g0, int g1)
         for (int b = 0; b < R->nb; b++) {
             const size_t gb = (size_t)g * (size_t)R->nb + (size_t)b;
             uint8_t *q = R->qs + gb * bq;
-            int8_t *sub = R->kq ? R->sub + gb * 32 : NULL;
+            int8_t *sub = R->kq ? R->sub + gb * sub_per_block(R) : NULL;
             uint16_t *sc = R->kq ? R->sc + (gb / 8) * 32 : R->sc + gb * sc_per_block(R);
             memset(q, 0, bq);
-            if (sub) memset(sub, 0, 32);
+            if (sub) memset(sub, 0, sub_per_block(R));
             for (int r = 0; r < DOL_R16_ROWS; r++) {
                 const int n = g * DOL_R16_ROWS + r;
                 row_block o = { .h = 0 };
@@ -186,6 +208,7 @@ void dol_i8_r16_fill(dol_i8_r16 *R, const dol_i8_weight *W, int g0, int g1)
                 } else {
                     if (b % 8 == 0) sc[r] = o.h, sc[16 + r] = o.h2;
                     sub[r] = o.s0, sub[16 + r] = o.s1;
+                    if (R->halves && R->min) sub[32 + r] = o.m0, sub[48 + r] = o.m1;
                 }
                 if (n >= R->N) continue;
                 for (int j = 0; j < 8; j++) { /* group j: 4 bytes at position j * 64 + r * 4 */
@@ -193,6 +216,17 @@ void dol_i8_r16_fill(dol_i8_r16 *R, const dol_i8_weight *W, int g0, int g1)
                     memcpy(&u, o.u + 4 * j, 4);
                     if (R->bits == 8) {
                         memcpy(q + 64 * j + 4 * r, &u, 4);
+                        continue;
+                    }
+                    if (R->bits <= 3) { /* the low 2 bits as Q6_K's high plane, then the third bit */
+                        uint8_t *pl = q + 64 * (j / 4) + 4 * r, *ph = q + 128 + 4 * r;
+                        memcpy(&lo, pl, 4);
+                        lo |= (u & 0x03030303u) << (2 * (j % 4));
+                        memcpy(pl, &lo, 4);
+                        if (R->bits == 2) continue;
+                        memcpy(&hi, ph, 4);
+                        hi |= ((u >> 2) & 0x01010101u) << j;
+                        memcpy(ph, &hi, 4);
                         continue;
                     }
                     uint8_t *pl = q + 64 * (j / 2) + 4 * r;
@@ -242,13 +276,17 @@ typedef struct {
 #define R16_Q51 ((r16_kind){ 5, false, false, false, true })  /* Q5_1 */
 #define R16_Q4K ((r16_kind){ 4, false, true, false, true })   /* Q4_K */
 #define R16_Q5K ((r16_kind){ 5, false, true, false, true })   /* Q5_K */
+#define R16_Q2K ((r16_kind){ 2, false, true, true, true })    /* Q2_K */
+#define R16_Q3K ((r16_kind){ 3, false, true, true, false })   /* Q3_K */
 #define R16_Q6K ((r16_kind){ 6, false, true, true, false })   /* Q6_K */
 
 /* Calls F(..., kind) with the kind of R as a constant. */
 #define R16_DISPATCH(R, F, ...)                                       \
     do {                                                              \
         if ((R)->kq) {                                                \
-            if ((R)->halves) F(__VA_ARGS__, R16_Q6K);                 \
+            if ((R)->halves && (R)->bits == 2) F(__VA_ARGS__, R16_Q2K); \
+            else if ((R)->halves && (R)->bits == 3) F(__VA_ARGS__, R16_Q3K); \
+            else if ((R)->halves) F(__VA_ARGS__, R16_Q6K);            \
             else if ((R)->bits == 5) F(__VA_ARGS__, R16_Q5K);         \
             else F(__VA_ARGS__, R16_Q4K);                             \
         } else if ((R)->bits == 8) F(__VA_ARGS__, R16_B8);            \
@@ -260,9 +298,10 @@ typedef struct {
     } while (0)
 
 /* The 16 rows' factors of block b of group g: the scale of the block (or
- * of its first half), of its second half (halves) and its minimum (min). */
+ * of its first half), of its second half (halves) and its minimum (min;
+ * with halves, Q2_K: the first half's, m1 the second's). */
 typedef struct {
-    __m512 s0, s1, m;
+    __m512 s0, s1, m, m1;
 } r16_scales;
 
 R16_TARGET static inline __attribute__((always_inline)) __m512 sub16(const int8_t *p)
@@ -284,33 +323,52 @@ R16_TARGET static inline __attribute__((always_inline)) r16_scales block_scales(
         return f;
     }
     const uint16_t *sc = R->sc + (gb / 8) * 32;
-    const int8_t *sub = R->sub + gb * 32;
+    const int8_t *sub = R->sub + gb * (k.halves && k.min ? 64 : 32);
     const __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sc));
     f.s0 = _mm512_mul_ps(d, sub16(sub));
     f.s1 = k.halves ? _mm512_mul_ps(d, sub16(sub + 16)) : f.s0;
-    f.m = k.min ? _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + 16))), sub16(sub + 16)) : f.s0;
+    f.m = f.m1 = f.s0;
+    if (k.min) {
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sc + 16)));
+        f.m = _mm512_mul_ps(dmin, sub16(sub + (k.halves ? 32 : 16)));
+        if (k.halves) f.m1 = _mm512_mul_ps(dmin, sub16(sub + 48));
+    }
     return f;
 }
 
 /* acc = fma((float)I0, s0 * d, acc) [halves: then fma((float)I1, s1 * d,
- * acc)] [min: then acc - m * (float)(sum q) * d]: one row of x, block b. */
+ * acc)] [min: then acc - m * (float)(sum q) * d]: one row of x, block b
+ * (sq: its half sums, sd: (float)(sum q) * d). Q2_K, a minimum per half:
+ * each half's fma, then acc - m_h * ((float)sq_h * d). */
 R16_TARGET static inline __attribute__((always_inline)) __m512 scale_block(r16_scales f, __m512 acc, __m512i I0,
                                                                           __m512i I1, float d, float sd,
-                                                                          const r16_kind k)
+                                                                          const int32_t *sq, const r16_kind k)
 {
     const __m512 vd = _mm512_set1_ps(d);
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0), _mm512_mul_ps(f.s0, vd), acc);
+    if (k.halves && k.min) acc = _mm512_fnmadd_ps(f.m, _mm512_set1_ps((float)sq[0] * d), acc);
     if (k.halves) acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I1), _mm512_mul_ps(f.s1, vd), acc);
-    if (k.min) acc = _mm512_fnmadd_ps(f.m, _mm512_set1_ps(sd), acc); /* sd = (float)(sum q) * d */
+    if (k.halves && k.min) acc = _mm512_fnmadd_ps(f.m1, _mm512_set1_ps((float)sq[1] * d), acc);
+    if (!k.halves && k.min) acc = _mm512_fnmadd_ps(f.m, _mm512_set1_ps(sd), acc);
     return acc;
 }
 
-/* u of 4-input group 2v (lo) and 2v + 1 (hi) of a 4-, 5- or 6-bit block at w. */
+/* u of 4-input group 2v (lo) and 2v + 1 (hi) of a 3-, 4-, 5- or 6-bit block at w. */
 R16_TARGET static inline __attribute__((always_inline)) void unpack_pair(const dol_i8_r16 *R, const uint8_t *w,
                                                                         int v, __m512i *lo, __m512i *hi,
                                                                         const r16_kind k)
 {
     const __m512i m4 = _mm512_set1_epi8(0xF), m2 = _mm512_set1_epi8(0x30);
+    if (k.bits <= 3) { /* bits 2 (j % 4) of plane j / 4 for group j, plus 4 where bit j of the third plane is set */
+        const __m512i pl = _mm512_load_si512((const void *)(w + 64 * (v / 2))), m3 = _mm512_set1_epi8(3);
+        *lo = _mm512_and_si512(v % 2 ? _mm512_srli_epi16(pl, 4) : pl, m3);
+        *hi = _mm512_and_si512(_mm512_srli_epi16(pl, v % 2 ? 6 : 2), m3);
+        if (k.bits == 2) return;
+        const __m512i hp = _mm512_load_si512((const void *)(w + 128)), b4 = _mm512_set1_epi8(4);
+        *lo = _mm512_mask_add_epi8(*lo, _mm512_test_epi8_mask(hp, _mm512_set1_epi8((char)(1 << (2 * v)))), *lo, b4);
+        *hi = _mm512_mask_add_epi8(*hi, _mm512_test_epi8_mask(hp, _mm512_set1_epi8((char)(2 << (2 * v)))), *hi, b4);
+        return;
+    }
     const __m512i raw = _mm512_load_si512((const void *)(w + 64 * v));
     *lo = _mm512_and_si512(raw, m4);
     *hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
@@ -357,7 +415,7 @@ R16_TARGET static inline __attribute__((always_inline)) void vnni_tile(
         const uint8_t *w = qs + (size_t)b * bq;
         /* the stream ahead into L2: the hardware prefetcher alone trails */
         for (size_t o = 0; o < bq; o += 64) _mm_prefetch((const char *)w + R16_PF_BYTES + o, _MM_HINT_T1);
-        if (k.kq) _mm_prefetch((const char *)(R->sub + ((size_t)g * (size_t)nb + (size_t)b) * 32) + R16_PF_BYTES / 8, _MM_HINT_T1);
+        if (k.kq) _mm_prefetch((const char *)(R->sub + ((size_t)g * (size_t)nb + (size_t)b) * (k.halves && k.min ? 64 : 32)) + R16_PF_BYTES / 8, _MM_HINT_T1);
         if (!k.kq && (k.min || !(b & 1)))
             _mm_prefetch((const char *)(R->sc + ((size_t)g * (size_t)nb + (size_t)b) * (k.min ? 32 : 16)) + R16_PF_BYTES / 8, _MM_HINT_T1);
         if (k.kq && !(b & 7)) _mm_prefetch((const char *)(R->sc + ((size_t)g * (size_t)nb + (size_t)b) * 4) + R16_PF_BYTES / 8, _MM_HINT_T1);
@@ -389,7 +447,7 @@ R16_TARGET static inline __attribute__((always_inline)) void vnni_tile(
         const r16_scales f = block_scales(R, g, b, k);
         for (int i = 0; i < TT; i++) {
             const size_t o = (size_t)(t0 + i) * (size_t)nb + (size_t)b;
-            acc[i] = scale_block(f, acc[i], I0[i], I1[i], a->d[o], a->sd[o], k);
+            acc[i] = scale_block(f, acc[i], I0[i], I1[i], a->d[o], a->sd[o], a->sq + 2 * o, k);
         }
     }
     for (int i = 0; i < TT; i++) _mm512_mask_storeu_ps(out + (size_t)(t0 + i) * (size_t)ldo + n, mask, acc[i]);
@@ -459,7 +517,9 @@ R16_AMX_TARGET static inline __attribute__((always_inline)) void amx_scale(
         const float d = a->d[o];
         const __m512 I = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + 16 * i)));
         acc[i] = _mm512_fmadd_ps(I, _mm512_mul_ps(part ? f.s1 : f.s0, _mm512_set1_ps(d)), acc[i]);
-        if (k.min) acc[i] = _mm512_fnmadd_ps(f.m, _mm512_set1_ps(a->sd[o]), acc[i]);
+        if (k.min && k.halves) /* Q2_K: the half's minimum after the half */
+            acc[i] = _mm512_fnmadd_ps(part ? f.m1 : f.m, _mm512_set1_ps((float)a->sq[2 * o + (size_t)part] * d), acc[i]);
+        else if (k.min) acc[i] = _mm512_fnmadd_ps(f.m, _mm512_set1_ps(a->sd[o]), acc[i]);
     }
 }
 

@@ -7,9 +7,8 @@
  * avx512vnni int8 set runs (DOLPHIN_CPU_R16=0: never). The design and
  * measurements: docs/performance.md, "The interleaved layout".
  *
- * Formats: GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K,
- * Dolphin's load-time NF4 and Q8_0 (int8). (Q2_K and Q3_K keep cpu_i8.h's
- * kernels.)
+ * Formats: every GGUF block type Dolphin reads (Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0, Q2_K .. Q6_K) and its load-time NF4 and Q8_0 (int8).
  *
  * Layout of a matrix of N rows, K inputs (K a multiple of 32; NF4: of 64;
  * K-quants: of 256), G = ceil(N / 16) groups, nb = K / 32 blocks; gb =
@@ -17,7 +16,9 @@
  *   qs: per group and block, at gb * 64 * bits bytes, the 16 rows' 32
  *     weights as unsigned u = w + off, interleaved: weight k of row r at
  *     position p = (k / 4) * 64 + r * 4 + k % 4 of 512;
- *     bits 8: byte p; 4: 256 bytes, byte i of vector v (64 bytes) holding
+ *     bits 8: byte p; 2 (Q2_K): 128 bytes laid out as Q6_K's high plane
+ *     below; 3 (Q3_K): the low 2 bits so, then 64 bytes of the third bit as
+ *     the 5-bit formats' high plane; 4: 256 bytes, byte i of vector v (64 bytes) holding
  *     position 2v * 64 + i in its low nibble, (2v + 1) * 64 + i in its high
  *     one (NF4: the code, read through `codes` to u); 5 (Q5_0, Q5_1, Q5_K):
  *     the low 4 bits so, then 64 bytes of high bits, position p at bit p /
@@ -29,20 +30,24 @@
  *     then 16 m (w = d q + m: mw = -m); K-quants, per group and
  *     super-block at (gb / 8) * 32: 16 d, then 16 dmin;
  *   sub (K-quants): int8, per group and block at gb * 32: Q4_K and Q5_K the
- *     16 rows' 6-bit scales then minima (sw = d * sc, mw = dmin * m), Q6_K
- *     the scales of the first half then the second (sw_h = d * sc_h);
+ *     16 rows' 6-bit scales then minima (sw = d * sc, mw = dmin * m), Q3_K
+ *     and Q6_K the scales of the first half then the second (sw_h = d *
+ *     sc_h); Q2_K at gb * 64: those, then the halves' minima (mw_h = dmin *
+ *     m_h);
  *   rows past N: u = 0, scales 0.
  *
  * Arithmetic of one output y[t][n] (t a row of x quantized as cpu_i8.h
  * says: q, d per block of 32), defined on whole-block integers:
  *   I_b = sum_{k < 32} w_k q_k (int32, exact; on VNNI sum u_k q_k - off *
- *   sum q_k, the sums from a->sq; on the tile unit TDPBSSD); Q6_K one per
- *   half (I_b0, I_b1);
+ *   sum q_k, the sums from a->sq; on the tile unit TDPBSSD); Q2_K, Q3_K
+ *   and Q6_K one per half (I_b0, I_b1);
  *   acc = 0; for b = 0 .. nb-1:
  *     acc = fma((float)I_b, sw_b * d_b, acc)
- *     [Q6_K: acc = fma((float)I_b0, sw_b0 * d_b, acc), then I_b1, sw_b1]
+ *     [Q3_K, Q6_K: acc = fma((float)I_b0, sw_b0 * d_b, acc), then I_b1, sw_b1]
  *     [with a minimum (Q4_1, Q5_1, Q4_K, Q5_K): then acc = acc - mw_b *
  *      ((float)(sum q) * d_b), one fnmadd];
+ *     [Q2_K: per half h, acc = fma((float)I_bh, sw_bh * d_b, acc), then
+ *      acc = acc - mw_bh * ((float)(sum of the half's q) * d_b)];
  *   y = acc.
  * Every T, tile, thread split and unit (VNNI below 16 rows of x, the tile
  * unit from 16 when the CPU has AMX-INT8) runs these operations, so the
@@ -62,13 +67,13 @@
 
 typedef struct dol_i8_r16 {
     int N, K, nb, groups;
-    int bits;        /* 4, 5, 6 or 8 */
-    int off;         /* u = w + off: Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 / NF4 / int8 128, the others 0 */
+    int bits;        /* 2, 3, 4, 5, 6 or 8 */
+    int off;         /* u = w + off: Q3_K 4, Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 / NF4 / int8 128, the others 0 */
     float smul;      /* sw = F16 scale * smul when nonzero (NF4: 1 / 127) */
     bool lut;        /* 4 bits read through codes (NF4) */
     bool kq;         /* K-quant scales (sub below) */
-    bool halves;     /* a scale per 16 inputs (Q6_K) */
-    bool min;        /* a minimum per block (Q4_1, Q5_1, Q4_K, Q5_K) */
+    bool halves;     /* a scale per 16 inputs (Q2_K, Q3_K, Q6_K) */
+    bool min;        /* a minimum per block (Q4_1, Q5_1, Q4_K, Q5_K; Q2_K: per half) */
     uint8_t codes[16];
     uint8_t *qs;     /* owned (aligned_alloc), layout above */
     uint16_t *sc;    /* owned */

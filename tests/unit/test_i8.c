@@ -392,8 +392,8 @@ static void test_error_bound(void **state)
 /* ---- the interleaved layout (cpu_r16.h) ------------------------------------ */
 
 /* The scale of half h of block b of row n (the same for both halves but
- * in Q6_K) and its minimum mw (Q4_K, Q5_K; Q4_1 and Q5_1: -m), read from
- * the format's own arrays. */
+ * in Q2_K, Q3_K and Q6_K) and its minimum mw (Q4_K, Q5_K; Q4_1 and Q5_1:
+ * -m; Q2_K: the half's), read from the format's own arrays. */
 static float r16_scale(const matrix *m, int n, int b, int h, float *mw)
 {
     *mw = 0.0f;
@@ -410,6 +410,19 @@ static float r16_scale(const matrix *m, int n, int b, int h, float *mw)
         memcpy(&dmin, p + 2, 2);
         *mw = dol_f16_to_f32(dmin) * (float)mn;
         return dol_f16_to_f32(d) * (float)sc;
+    }
+    if (m->v.t == DOL_DTYPE_Q2_K) {
+        const uint8_t *p = row + (size_t)(b / 8) * 84;
+        const uint8_t s = p[2 * (b % 8) + h];
+        memcpy(&d, p + 80, 2);
+        memcpy(&dmin, p + 82, 2);
+        *mw = dol_f16_to_f32(dmin) * (float)(s >> 4);
+        return dol_f16_to_f32(d) * (float)(s & 0xF);
+    }
+    if (m->v.t == DOL_DTYPE_Q3_K) {
+        const uint8_t *p = row + (size_t)(b / 8) * 110;
+        memcpy(&d, p + 108, 2);
+        return dol_f16_to_f32(d) * (float)dol_blk_q3k_scale(2 * (b % 8) + h, p + 96);
     }
     if (m->v.t == DOL_DTYPE_Q6_K) {
         const uint8_t *p = row + (size_t)(b / 8) * 210;
@@ -446,6 +459,11 @@ static int r16_int(const matrix *m, int n, int k, float sw)
         const uint8_t *p = row + (size_t)(b / 8) * 176;
         return ((p[48 + 32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF) + ((p[16 + l] >> j) & 1) * 16;
     }
+    case DOL_DTYPE_Q2_K: return (row[(size_t)(b / 8) * 84 + 16 + (size_t)(32 * (j / 4) + l)] >> (2 * (j % 4))) & 3;
+    case DOL_DTYPE_Q3_K: { /* low 2 bits at 32 + 32 (j / 4), shift 2 (j % 4); the high bit: bit j of byte l */
+        const uint8_t *p = row + (size_t)(b / 8) * 110;
+        return ((p[32 + 32 * (j / 4) + l] >> (2 * (j % 4))) & 3) - ((p[l] >> j) & 1 ? 0 : 4);
+    }
     case DOL_DTYPE_Q6_K: {
         const uint8_t *p = row + (size_t)(b / 8) * 210;
         const int h = j / 4, qd = j % 4;
@@ -458,29 +476,33 @@ static int r16_int(const matrix *m, int n, int k, float sw)
 
 /* y[t][n] by the layout's arithmetic: whole-block (halves: half-block)
  * integers, then in block order acc = fma((float)I, sw * d, acc), less
- * mw * (float)(sum q) * d with a minimum. */
+ * mw * (float)(sum q) * d with a minimum (Q2_K: after each half, with the
+ * half's sum). */
 static float r16_reference(const matrix *m, const dol_i8_act *a, int t, int n)
 {
     const int K = m->v.K;
-    const bool halves = m->v.t == DOL_DTYPE_Q6_K;
+    const dol_dtype ty = m->v.t;
+    const bool q2k = ty == DOL_DTYPE_Q2_K, halves = q2k || ty == DOL_DTYPE_Q3_K || ty == DOL_DTYPE_Q6_K;
+    const bool min = ty == DOL_DTYPE_Q4_K || ty == DOL_DTYPE_Q5_K || ty == DOL_DTYPE_Q4_1 || ty == DOL_DTYPE_Q5_1;
     float acc = 0.0f;
     for (int b = 0; b < K / 32; b++) {
         const float d = a->d[(size_t)t * a->nb + b];
-        int32_t I[2] = { 0, 0 }, S = 0;
-        float sw[2], mw;
-        for (int h = 0; h < 2; h++) sw[h] = r16_scale(m, n, b, h, &mw);
+        int32_t I[2] = { 0, 0 }, S[2] = { 0, 0 };
+        float sw[2], mw[2];
+        for (int h = 0; h < 2; h++) sw[h] = r16_scale(m, n, b, h, &mw[h]);
         for (int k = 0; k < 32; k++) {
             const int h = halves && k >= 16, q = a->q[(size_t)t * K + 32 * b + k];
             const int w = r16_int(m, n, 32 * b + k, sw[h]);
             assert_true(w >= -128 && w <= 127);
             assert_true(m->P[(size_t)n * K + 32 * b + k] == 0.0 || fabs(m->P[(size_t)n * K + 32 * b + k] / ((double)sw[h] * w) - 1.0) < 1e-5);
             I[h] += w * q;
-            S += q;
+            S[k >= 16] += q;
         }
         acc = fmaf((float)I[0], sw[0] * d, acc);
+        if (q2k) acc = fmaf(-mw[0], (float)S[0] * d, acc);
         if (halves) acc = fmaf((float)I[1], sw[1] * d, acc);
-        if (m->v.t == DOL_DTYPE_Q4_K || m->v.t == DOL_DTYPE_Q5_K || m->v.t == DOL_DTYPE_Q4_1 || m->v.t == DOL_DTYPE_Q5_1)
-            acc = fmaf(-mw, (float)S * d, acc);
+        if (q2k) acc = fmaf(-mw[1], (float)S[1] * d, acc);
+        if (min) acc = fmaf(-mw[0], (float)(S[0] + S[1]) * d, acc);
     }
     return acc;
 }
@@ -562,7 +584,7 @@ static void test_interleaved(void **state)
         dol_i8_r16_free(&R);
         free_matrix(&m);
     }
-    assert_int_equal(seen, 10);
+    assert_int_equal(seen, 12);
     dol_pool_free(pools[0]);
     dol_pool_free(pools[1]);
 }
