@@ -17,7 +17,8 @@ bool dol_i8_r16_takes(dol_dtype t, int K)
 {
     if (K <= 0 || K % 32 != 0) return false;
     if (t == DOL_I8_NF4) return K % 64 == 0;
-    if (t == DOL_DTYPE_Q2_K || t == DOL_DTYPE_Q3_K || t == DOL_DTYPE_Q4_K || t == DOL_DTYPE_Q5_K || t == DOL_DTYPE_Q6_K) return K % 256 == 0;
+    if (t == DOL_DTYPE_Q2_K || t == DOL_DTYPE_Q3_K || t == DOL_DTYPE_Q4_K || t == DOL_DTYPE_Q5_K || t == DOL_DTYPE_Q6_K)
+        return K % 256 == 0;
     return t == DOL_DTYPE_Q4_0 || t == DOL_DTYPE_Q4_1 || t == DOL_DTYPE_Q5_0 || t == DOL_DTYPE_Q5_1 ||
            t == DOL_DTYPE_Q8_0 || t == DOL_I8_Q8;
 }
@@ -281,20 +282,20 @@ typedef struct {
 #define R16_Q6K ((r16_kind){ 6, false, true, true, false })   /* Q6_K */
 
 /* Calls F(..., kind) with the kind of R as a constant. */
-#define R16_DISPATCH(R, F, ...)                                       \
-    do {                                                              \
-        if ((R)->kq) {                                                \
-            if ((R)->halves && (R)->bits == 2) F(__VA_ARGS__, R16_Q2K); \
+#define R16_DISPATCH(R, F, ...)                                              \
+    do {                                                                     \
+        if ((R)->kq) {                                                       \
+            if ((R)->halves && (R)->bits == 2) F(__VA_ARGS__, R16_Q2K);      \
             else if ((R)->halves && (R)->bits == 3) F(__VA_ARGS__, R16_Q3K); \
-            else if ((R)->halves) F(__VA_ARGS__, R16_Q6K);            \
-            else if ((R)->bits == 5) F(__VA_ARGS__, R16_Q5K);         \
-            else F(__VA_ARGS__, R16_Q4K);                             \
-        } else if ((R)->bits == 8) F(__VA_ARGS__, R16_B8);            \
-        else if ((R)->bits == 5 && (R)->min) F(__VA_ARGS__, R16_Q51); \
-        else if ((R)->bits == 5) F(__VA_ARGS__, R16_Q5);              \
-        else if ((R)->lut) F(__VA_ARGS__, R16_NF4);                   \
-        else if ((R)->min) F(__VA_ARGS__, R16_Q41);                   \
-        else F(__VA_ARGS__, R16_Q4);                                  \
+            else if ((R)->halves) F(__VA_ARGS__, R16_Q6K);                   \
+            else if ((R)->bits == 5) F(__VA_ARGS__, R16_Q5K);                \
+            else F(__VA_ARGS__, R16_Q4K);                                    \
+        } else if ((R)->bits == 8) F(__VA_ARGS__, R16_B8);                   \
+        else if ((R)->bits == 5 && (R)->min) F(__VA_ARGS__, R16_Q51);        \
+        else if ((R)->bits == 5) F(__VA_ARGS__, R16_Q5);                     \
+        else if ((R)->lut) F(__VA_ARGS__, R16_NF4);                          \
+        else if ((R)->min) F(__VA_ARGS__, R16_Q41);                          \
+        else F(__VA_ARGS__, R16_Q4);                                         \
     } while (0)
 
 /* The 16 rows' factors of block b of group g: the scale of the block (or
@@ -415,7 +416,10 @@ R16_TARGET static inline __attribute__((always_inline)) void vnni_tile(
         const uint8_t *w = qs + (size_t)b * bq;
         /* the stream ahead into L2: the hardware prefetcher alone trails */
         for (size_t o = 0; o < bq; o += 64) _mm_prefetch((const char *)w + R16_PF_BYTES + o, _MM_HINT_T1);
-        if (k.kq) _mm_prefetch((const char *)(R->sub + ((size_t)g * (size_t)nb + (size_t)b) * (k.halves && k.min ? 64 : 32)) + R16_PF_BYTES / 8, _MM_HINT_T1);
+        if (k.kq)
+            _mm_prefetch((const char *)(R->sub + ((size_t)g * (size_t)nb + (size_t)b) * (k.halves && k.min ? 64 : 32)) +
+                             R16_PF_BYTES / 8,
+                         _MM_HINT_T1);
         if (!k.kq && (k.min || !(b & 1)))
             _mm_prefetch((const char *)(R->sc + ((size_t)g * (size_t)nb + (size_t)b) * (k.min ? 32 : 16)) + R16_PF_BYTES / 8, _MM_HINT_T1);
         if (k.kq && !(b & 7)) _mm_prefetch((const char *)(R->sc + ((size_t)g * (size_t)nb + (size_t)b) * 4) + R16_PF_BYTES / 8, _MM_HINT_T1);
