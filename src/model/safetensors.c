@@ -221,6 +221,17 @@ static int st_parse_header(dol_st_file *f, const uint8_t *hdr, size_t n,
     }
     memcpy(text, hdr, n);
     text[n] = '\0';
+    /* JSON allows no raw control bytes but whitespace; cJSON would take them
+     * inside strings, and a NUL there would cut a tensor's name short. */
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char c = (unsigned char)text[i];
+        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') {
+            dol_set_err(err, errlen, "%s: header is not valid JSON (control byte 0x%02x at byte %zu of %zu)",
+                        f->fname, c, i, n);
+            free(text);
+            return -1;
+        }
+    }
 
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, n, &end, false);
@@ -353,8 +364,8 @@ fail:
 }
 
 /* The message is one line: control characters, which the path or a tensor
- * name from the header may hold (cJSON takes raw ones inside strings),
- * become '?'. Found by tests/fuzz/fuzz_safetensors. */
+ * name from the header may hold (escaped in the JSON, as \u0001), become
+ * '?'. Found by tests/fuzz/fuzz_safetensors. */
 static void st_one_line(char *err, size_t errlen)
 {
     if (!err || errlen == 0) return;

@@ -503,6 +503,21 @@ static void test_bad_header_json(void **state)
     }
     expect_fail(dir, "model.safetensors: header is not valid JSON");
 
+    /* a raw NUL inside a tensor's name (JSON wants it escaped; it would cut
+     * the name short) */
+    case_dir(dir, sizeof dir, "json-nul-in-name");
+    write_config(dir, "stories260K", NULL);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_write(&f, path, "{\"ab\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [0, 0]}}", 0, f.data_len);
+    {
+        size_t len;
+        uint8_t *b = read_all(path, &len);
+        b[11] = 0; /* the 'b' of "ab" */
+        write_all(path, b, len);
+        free(b);
+    }
+    expect_fail(dir, "model.safetensors: header is not valid JSON (control byte 0x00 at byte 3");
+
     /* valid JSON, but not an object */
     case_dir(dir, sizeof dir, "json-array");
     write_config(dir, "stories260K", NULL);
