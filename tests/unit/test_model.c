@@ -160,6 +160,17 @@ static uint64_t st_offset(const st_file *f, const char *name, int i)
 /* Write f with a new 8-byte length: `hdr_text` (or f's header when NULL),
  * padded with spaces so that 8 + N == misalign (mod 8); the first `data_len`
  * bytes of f's data follow. */
+/* Byte at of the file at path set to v. */
+static void set_byte(const char *path, size_t at, uint8_t v)
+{
+    size_t len;
+    uint8_t *b = read_all(path, &len);
+    assert_true(at < len);
+    b[at] = v;
+    write_all(path, b, len);
+    free(b);
+}
+
 static void st_write(const st_file *f, const char *path, const char *hdr_text,
                      int misalign, size_t data_len)
 {
@@ -494,13 +505,7 @@ static void test_bad_header_json(void **state)
     write_config(dir, "stories260K", NULL);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     st_write(&f, path, "{}", 0, f.data_len);
-    {
-        size_t len;
-        uint8_t *b = read_all(path, &len);
-        b[9] = 0;   /* "{" NUL "}" */
-        write_all(path, b, len);
-        free(b);
-    }
+    set_byte(path, 9, 0); /* "{" NUL "}" */
     expect_fail(dir, "model.safetensors: header is not valid JSON");
 
     /* a raw NUL inside a tensor's name (JSON wants it escaped; it would cut
@@ -509,13 +514,7 @@ static void test_bad_header_json(void **state)
     write_config(dir, "stories260K", NULL);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     st_write(&f, path, "{\"ab\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [0, 0]}}", 0, f.data_len);
-    {
-        size_t len;
-        uint8_t *b = read_all(path, &len);
-        b[11] = 0; /* the 'b' of "ab" */
-        write_all(path, b, len);
-        free(b);
-    }
+    set_byte(path, 11, 0); /* the 'b' of "ab" */
     expect_fail(dir, "model.safetensors: header is not valid JSON (control byte 0x00 at byte 3");
 
     /* valid JSON, but not an object */
