@@ -671,14 +671,13 @@ static int choose_activations(cpu_engine *e, const dol_engine_params *p)
 /* ---- the interleaved layout (cpu_r16.h) ---------------------------------- */
 
 /* Whether the quantized layers are repacked into the interleaved layout:
- * by default wherever the int8 set is avx512vnni (with AMX-INT8 its
- * prefill runs on the tile unit, with decode's bits); DOLPHIN_CPU_R16=0
- * turns it off, `vnni` keeps it off the tile unit. */
+ * by default wherever 8-bit activations run (every int8 set; with AMX-INT8
+ * and the avx512vnni set its prefill runs on the tile unit, with decode's
+ * bits); DOLPHIN_CPU_R16=0 turns it off, `vnni` keeps it off the tile
+ * unit. */
 static bool r16_wanted(const cpu_engine *e)
 {
-    if (!e->use_i8) return false;
-    const dol_cpu_i8 *s = dol_cpu_i8_get();
-    if (!s || strcmp(s->name, "avx512vnni") != 0 || !dol_i8_r16_available()) return false;
+    if (!e->use_i8 || !dol_i8_r16_available()) return false;
     const char *env = getenv("DOLPHIN_CPU_R16");
     return !(env && strcmp(env, "0") == 0);
 }
@@ -760,7 +759,8 @@ static int prepare_r16(cpu_engine *e)
 {
     if (!r16_wanted(e)) return 0;
     const char *env = getenv("DOLPHIN_CPU_R16");
-    e->r16_amx = dol_amx_i8_available() && !(env && strcmp(env, "vnni") == 0);
+    const dol_cpu_i8 *set = dol_cpu_i8_get();
+    e->r16_amx = strcmp(set->name, "avx512vnni") == 0 && dol_amx_i8_available() && !(env && strcmp(env, "vnni") == 0);
     const double t0 = dol_now_ms();
     size_t bytes = 0, released = 0;
     int n = 0, r = 0;
@@ -774,7 +774,7 @@ static int prepare_r16(cpu_engine *e)
     e->released_bytes += released;
     dol_log(DOL_LOG_INFO, "cpu_int8_layout",
             "layout=interleaved16 matrices=%d bytes=%zu released_bytes=%zu prefill=%s seconds=%.3f", n, bytes,
-            released, e->r16_amx ? "amx_int8" : "vnni", (dol_now_ms() - t0) / 1000.0);
+            released, e->r16_amx ? "amx_int8" : set->name, (dol_now_ms() - t0) / 1000.0);
     return 0;
 }
 

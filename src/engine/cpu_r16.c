@@ -1,10 +1,10 @@
 /* src/engine/cpu_r16.c — the interleaved layout of cpu_r16.h: the repack
- * from each format's rows, the VNNI product (token tiles of up to 8 rows
- * of x against a group of 16 rows of W) and the AMX-INT8 product (16
- * tokens x 16 rows a tile product). Compiled without extra flags: the
- * kernels carry target attributes and run only where
- * dol_i8_r16_available (and, for the tile unit, dol_amx_i8_available)
- * says so. */
+ * from each format's rows, the 512-bit VNNI product (token tiles of up to
+ * 8 rows of x against a group of 16 rows of W), the AMX-INT8 product (16
+ * tokens x 16 rows a tile product) and the choice between them and the
+ * 256-bit sets' products (cpu_k_r16.c). Compiled without extra flags:
+ * the kernels carry target attributes and run only where R->set (and, for
+ * the tile unit, dol_amx_i8_available) says so. */
 #include "engine/cpu_r16.h"
 
 #include "engine/cpu_amx.h"
@@ -41,6 +41,10 @@ int dol_i8_r16_alloc(dol_i8_r16 *R, const dol_i8_weight *W)
 {
     memset(R, 0, sizeof *R);
     R->N = W->N, R->K = W->K, R->nb = W->K / 32, R->groups = (W->N + DOL_R16_ROWS - 1) / DOL_R16_ROWS;
+    const dol_cpu_i8 *s = dol_cpu_i8_get();
+    R->set = !s || strcmp(s->name, "avx512vnni") == 0 ? DOL_R16_AVX512VNNI
+             : strcmp(s->name, "avxvnni") == 0        ? DOL_R16_AVXVNNI
+                                                      : DOL_R16_AVX2;
     switch ((int)W->t) {
     case DOL_DTYPE_Q4_0: R->bits = 4, R->off = 8; break;
     case DOL_I8_NF4:
@@ -255,48 +259,13 @@ size_t dol_i8_r16_scratch_bytes(int K) { return (size_t)(K / 32) * 512 + 2 * 102
 #if defined(__x86_64__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
 #include <immintrin.h>
 
-bool dol_i8_r16_available(void) { return dol_cpu_i8_find("avx512vnni") != NULL; }
+bool dol_i8_r16_available(void) { return dol_cpu_i8_get() != NULL; }
 
 #define R16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
 #define R16_AMX_TARGET \
     __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma")))
 #define R16_TILE_MAX 8    /* rows of x a VNNI tile holds */
 #define R16_PF_BYTES 8192 /* how far ahead the VNNI tiles prefetch the weights */
-
-/* The kernels are compiled once per kind of format (the layout's flags
- * as constants): R's own flags must match the kind they run under. */
-typedef struct {
-    int bits;
-    bool lut, kq, halves, min;
-} r16_kind;
-#define R16_Q4 ((r16_kind){ 4, false, false, false, false })  /* Q4_0 */
-#define R16_NF4 ((r16_kind){ 4, true, false, false, false })  /* NF4 */
-#define R16_B8 ((r16_kind){ 8, false, false, false, false })  /* Q8_0, int8 */
-#define R16_Q41 ((r16_kind){ 4, false, false, false, true })  /* Q4_1 */
-#define R16_Q5 ((r16_kind){ 5, false, false, false, false })  /* Q5_0 */
-#define R16_Q51 ((r16_kind){ 5, false, false, false, true })  /* Q5_1 */
-#define R16_Q4K ((r16_kind){ 4, false, true, false, true })   /* Q4_K */
-#define R16_Q5K ((r16_kind){ 5, false, true, false, true })   /* Q5_K */
-#define R16_Q2K ((r16_kind){ 2, false, true, true, true })    /* Q2_K */
-#define R16_Q3K ((r16_kind){ 3, false, true, true, false })   /* Q3_K */
-#define R16_Q6K ((r16_kind){ 6, false, true, true, false })   /* Q6_K */
-
-/* Calls F(..., kind) with the kind of R as a constant. */
-#define R16_DISPATCH(R, F, ...)                                              \
-    do {                                                                     \
-        if ((R)->kq) {                                                       \
-            if ((R)->halves && (R)->bits == 2) F(__VA_ARGS__, R16_Q2K);      \
-            else if ((R)->halves && (R)->bits == 3) F(__VA_ARGS__, R16_Q3K); \
-            else if ((R)->halves) F(__VA_ARGS__, R16_Q6K);                   \
-            else if ((R)->bits == 5) F(__VA_ARGS__, R16_Q5K);                \
-            else F(__VA_ARGS__, R16_Q4K);                                    \
-        } else if ((R)->bits == 8) F(__VA_ARGS__, R16_B8);                   \
-        else if ((R)->bits == 5 && (R)->min) F(__VA_ARGS__, R16_Q51);        \
-        else if ((R)->bits == 5) F(__VA_ARGS__, R16_Q5);                     \
-        else if ((R)->lut) F(__VA_ARGS__, R16_NF4);                          \
-        else if ((R)->min) F(__VA_ARGS__, R16_Q41);                          \
-        else F(__VA_ARGS__, R16_Q4);                                         \
-    } while (0)
 
 /* The 16 rows' factors of block b of group g: the scale of the block (or
  * of its first half), of its second half (halves) and its minimum (min;
@@ -311,7 +280,7 @@ R16_TARGET static inline __attribute__((always_inline)) __m512 sub16(const int8_
 }
 
 R16_TARGET static inline __attribute__((always_inline)) r16_scales block_scales(const dol_i8_r16 *R, int g, int b,
-                                                                                const r16_kind k)
+                                                                                const dol_r16_kind k)
 {
     r16_scales f;
     const size_t gb = (size_t)g * (size_t)R->nb + (size_t)b;
@@ -343,7 +312,7 @@ R16_TARGET static inline __attribute__((always_inline)) r16_scales block_scales(
  * each half's fma, then acc - m_h * ((float)sq_h * d). */
 R16_TARGET static inline __attribute__((always_inline)) __m512 scale_block(r16_scales f, __m512 acc, __m512i I0,
                                                                           __m512i I1, float d, float sd,
-                                                                          const int32_t *sq, const r16_kind k)
+                                                                          const int32_t *sq, const dol_r16_kind k)
 {
     const __m512 vd = _mm512_set1_ps(d);
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I0), _mm512_mul_ps(f.s0, vd), acc);
@@ -357,7 +326,7 @@ R16_TARGET static inline __attribute__((always_inline)) __m512 scale_block(r16_s
 /* u of 4-input group 2v (lo) and 2v + 1 (hi) of a 3-, 4-, 5- or 6-bit block at w. */
 R16_TARGET static inline __attribute__((always_inline)) void unpack_pair(const dol_i8_r16 *R, const uint8_t *w,
                                                                         int v, __m512i *lo, __m512i *hi,
-                                                                        const r16_kind k)
+                                                                        const dol_r16_kind k)
 {
     const __m512i m4 = _mm512_set1_epi8(0xF), m2 = _mm512_set1_epi8(0x30);
     if (k.bits <= 3) { /* bits 2 (j % 4) of plane j / 4 for group j, plus 4 where bit j of the third plane is set */
@@ -403,7 +372,7 @@ R16_TARGET static inline int32_t x4(const int8_t *p)
  * scaling. */
 R16_TARGET static inline __attribute__((always_inline)) void vnni_tile(
     float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int g, int n, __mmask16 mask, int t0,
-    const int TT, const r16_kind k)
+    const int TT, const dol_r16_kind k)
 {
     const int nb = R->nb, K = R->K;
     const size_t bq = (size_t)k.bits * 64;
@@ -459,7 +428,7 @@ R16_TARGET static inline __attribute__((always_inline)) void vnni_tile(
 
 R16_TARGET static inline __attribute__((always_inline)) void vnni_rows_k(float *out, int ldo, const dol_i8_act *a,
                                                                         const dol_i8_r16 *R, int n0, int n1,
-                                                                        const r16_kind k)
+                                                                        const dol_r16_kind k)
 {
     for (int n = n0; n < n1; n += DOL_R16_ROWS) {
         const int m = n1 - n < DOL_R16_ROWS ? n1 - n : DOL_R16_ROWS, g = n / DOL_R16_ROWS;
@@ -482,12 +451,12 @@ R16_TARGET static inline __attribute__((always_inline)) void vnni_rows_k(float *
 R16_TARGET static void vnni_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int n0,
                                  int n1)
 {
-    R16_DISPATCH(R, vnni_rows_k, out, ldo, a, R, n0, n1);
+    DOL_R16_DISPATCH(R, vnni_rows_k, out, ldo, a, R, n0, n1);
 }
 
 /* Group g's weights as signed int8 tiles (w = u - off), 512 bytes a block. */
 R16_AMX_TARGET static inline __attribute__((always_inline)) void group_tiles(const dol_i8_r16 *R, int g, int8_t *wt,
-                                                                            const r16_kind k)
+                                                                            const dol_r16_kind k)
 {
     const size_t bq = (size_t)k.bits * 64;
     const uint8_t *qs = R->qs + (size_t)g * (size_t)R->nb * bq;
@@ -513,7 +482,7 @@ R16_AMX_TARGET static inline __attribute__((always_inline)) void group_tiles(con
  * part 0 (the block, or its first half) or 1 (the second half). */
 R16_AMX_TARGET static inline __attribute__((always_inline)) void amx_scale(
     __m512 *acc, const int32_t *c, r16_scales f, const dol_i8_act *a, int t0, int b, int part, int mt,
-    const r16_kind k)
+    const dol_r16_kind k)
 {
     const size_t nb = (size_t)a->nb;
     for (int i = 0; i < mt; i++) {
@@ -541,7 +510,7 @@ R16_AMX_TARGET static inline __attribute__((always_inline)) void amx_scale(
  * two products of 16 inputs), two in flight (C in tiles 0 / 1). */
 R16_AMX_TARGET static inline __attribute__((always_inline)) void amx_block(
     float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, const int8_t *wt, int g, int n,
-    __mmask16 mask, int t0, int mt, int32_t *c0, int32_t *c1, const r16_kind k)
+    __mmask16 mask, int t0, int mt, int32_t *c0, int32_t *c1, const dol_r16_kind k)
 {
     const int nb = R->nb, K = R->K;
     const int8_t *xq = a->q + (size_t)t0 * (size_t)K;
@@ -593,7 +562,7 @@ R16_AMX_TARGET static void amx_config(int mt, int kb)
 R16_AMX_TARGET static inline __attribute__((always_inline)) void amx_rows_k(float *out, int ldo,
                                                                            const dol_i8_act *a,
                                                                            const dol_i8_r16 *R, int n0, int n1,
-                                                                           uint8_t *scratch, const r16_kind k)
+                                                                           uint8_t *scratch, const dol_r16_kind k)
 {
     int8_t *wt = (int8_t *)scratch;
     int32_t *c0 = (int32_t *)(scratch + (size_t)R->nb * 512), *c1 = c0 + 256;
@@ -617,13 +586,15 @@ R16_AMX_TARGET static inline __attribute__((always_inline)) void amx_rows_k(floa
 R16_AMX_TARGET static void amx_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int n0,
                                     int n1, uint8_t *scratch)
 {
-    R16_DISPATCH(R, amx_rows_k, out, ldo, a, R, n0, n1, scratch);
+    DOL_R16_DISPATCH(R, amx_rows_k, out, ldo, a, R, n0, n1, scratch);
 }
 
 void dol_i8_r16_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int n0, int n1,
                      void *amx_scratch)
 {
-    if (amx_scratch && a->T >= DOL_R16_ROWS)
+    if (R->set == DOL_R16_AVX2) dol_i8_r16_rows_avx2(out, ldo, a, R, n0, n1);
+    else if (R->set == DOL_R16_AVXVNNI) dol_i8_r16_rows_avxvnni(out, ldo, a, R, n0, n1);
+    else if (amx_scratch && a->T >= DOL_R16_ROWS)
         amx_rows(out, ldo, a, R, n0, n1, (uint8_t *)(((uintptr_t)amx_scratch + 63) & ~(uintptr_t)63));
     else
         vnni_rows(out, ldo, a, R, n0, n1);

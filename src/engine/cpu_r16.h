@@ -3,9 +3,11 @@
  * weight rows repacked at load in groups of 16, interleaved by 4 inputs,
  * so that one 512-bit VNNI product (vpdpbusd) multiplies 4 inputs of one
  * token by 16 rows at once, one lane a row, and the same bytes are the
- * tile unit's second operand for AMX-INT8. The engine repacks where the
- * avx512vnni int8 set runs (DOLPHIN_CPU_R16=0: never). The design and
- * measurements: docs/performance.md, "The interleaved layout".
+ * tile unit's second operand for AMX-INT8. The 256-bit int8 sets (AVX-VNNI,
+ * AVX2) take each group as two halves of 8 rows (the low and high 32 bytes
+ * of each 64-byte vector). The engine repacks wherever an int8 set runs
+ * (DOLPHIN_CPU_R16=0: never). The design and measurements:
+ * docs/performance.md, "The interleaved layout".
  *
  * Formats: every GGUF block type Dolphin reads (Q4_0, Q4_1, Q5_0, Q5_1,
  * Q8_0, Q2_K .. Q6_K) and its load-time NF4 and Q8_0 (int8).
@@ -49,10 +51,11 @@
  *     [Q2_K: per half h, acc = fma((float)I_bh, sw_bh * d_b, acc), then
  *      acc = acc - mw_bh * ((float)(sum of the half's q) * d_b)];
  *   y = acc.
- * Every T, tile, thread split and unit (VNNI below 16 rows of x, the tile
- * unit from 16 when the CPU has AMX-INT8) runs these operations, so the
- * results are batch-invariant bit for bit, and the tile unit's prefill
- * gives decode's bits. They are not the lane-wise bits of cpu_i8.h's
+ * Every T, tile, thread split, kernel set and unit (VNNI below 16 rows of
+ * x, the tile unit from 16 when the CPU has AMX-INT8; AVX2's integers from
+ * vpmaddubsw pairs summed in int16 below overflow, then vpmaddwd) runs
+ * these operations, so the results are batch-invariant bit for bit, the
+ * same in every set, and the tile unit's prefill gives decode's bits. They are not the lane-wise bits of cpu_i8.h's
  * kernels (the float sums run in another order). */
 #ifndef DOLPHIN_ENGINE_CPU_R16_H
 #define DOLPHIN_ENGINE_CPU_R16_H
@@ -65,8 +68,13 @@
 
 #define DOL_R16_ROWS 16
 
+/* The kernels a matrix's products run on (chosen at alloc from the int8 set
+ * in use, cpu_i8.h). */
+typedef enum { DOL_R16_AVX512VNNI, DOL_R16_AVXVNNI, DOL_R16_AVX2 } dol_r16_set;
+
 typedef struct dol_i8_r16 {
     int N, K, nb, groups;
+    dol_r16_set set;
     int bits;        /* 2, 3, 4, 5, 6 or 8 */
     int off;         /* u = w + off: Q3_K 4, Q4_0 8, Q5_0 16, Q6_K 32, Q8_0 / NF4 / int8 128, the others 0 */
     float smul;      /* sw = F16 scale * smul when nonzero (NF4: 1 / 127) */
@@ -84,12 +92,13 @@ typedef struct dol_i8_r16 {
  * formats above) and width K. */
 bool dol_i8_r16_takes(dol_dtype t, int K);
 
-/* Whether its kernels run here: AVX-512F/BW/VL, AVX512-VNNI and F16C in
- * cpuid with the ZMM state enabled (the int8 set avx512vnni's test). */
+/* Whether its kernels run here: an int8 set is in use (dol_cpu_i8_get;
+ * x86-64 with AVX2, FMA and F16C at least). */
 bool dol_i8_r16_available(void);
 
-/* Allocate R for W (dol_i8_r16_takes(W->t, W->K)); 0 or -1 out of memory
- * (R then holds nothing). Fill it with dol_i8_r16_fill over every group
+/* Allocate R for W (dol_i8_r16_takes(W->t, W->K)), its products on the
+ * int8 set in use (dol_i8_r16_available); 0 or -1 out of memory (R then
+ * holds nothing). Fill it with dol_i8_r16_fill over every group
  * (groups are independent: callers may split them over threads). */
 int dol_i8_r16_alloc(dol_i8_r16 *R, const dol_i8_weight *W);
 void dol_i8_r16_fill(dol_i8_r16 *R, const dol_i8_weight *W, int g0, int g1);
@@ -103,10 +112,52 @@ size_t dol_i8_r16_scratch_bytes(int K);
 /* out[t * ldo + n] for t < a->T, n0 <= n < n1 (n0 a multiple of 16, n1 <=
  * R->N), by the arithmetic above; a->K == R->K, a->sq and a->sd set. With
  * amx_scratch (dol_i8_r16_scratch_bytes(K), the caller's, one call at a
- * time; only where dol_amx_i8_available) and a->T >= 16 on the tile unit,
- * else on VNNI: the same bits. Only dol_i8_r16_available hosts may call
- * it. */
+ * time; only where dol_amx_i8_available and R->set is avx512vnni) and
+ * a->T >= 16 on the tile unit, else on R->set's vectors: the same bits.
+ * Any thread; only dol_i8_r16_available hosts may call it. */
 void dol_i8_r16_rows(float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int n0, int n1,
                      void *amx_scratch);
+
+/* ---- for the kernel sources (cpu_r16.c, cpu_k_r16.c) ------------------- */
+
+/* The 256-bit sets' products (cpu_k_r16.c, compiled once per set):
+ * dol_i8_r16_rows' contract without the tile unit. */
+void dol_i8_r16_rows_avx2(float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int n0, int n1);
+void dol_i8_r16_rows_avxvnni(float *out, int ldo, const dol_i8_act *a, const dol_i8_r16 *R, int n0, int n1);
+
+/* The kernels are compiled once per kind of format (the layout's flags as
+ * constants): R's own flags must match the kind they run under. */
+typedef struct {
+    int bits;
+    bool lut, kq, halves, min;
+} dol_r16_kind;
+#define DOL_R16_Q4 ((dol_r16_kind){ 4, false, false, false, false })  /* Q4_0 */
+#define DOL_R16_NF4 ((dol_r16_kind){ 4, true, false, false, false })  /* NF4 */
+#define DOL_R16_B8 ((dol_r16_kind){ 8, false, false, false, false })  /* Q8_0, int8 */
+#define DOL_R16_Q41 ((dol_r16_kind){ 4, false, false, false, true })  /* Q4_1 */
+#define DOL_R16_Q5 ((dol_r16_kind){ 5, false, false, false, false })  /* Q5_0 */
+#define DOL_R16_Q51 ((dol_r16_kind){ 5, false, false, false, true })  /* Q5_1 */
+#define DOL_R16_Q4K ((dol_r16_kind){ 4, false, true, false, true })   /* Q4_K */
+#define DOL_R16_Q5K ((dol_r16_kind){ 5, false, true, false, true })   /* Q5_K */
+#define DOL_R16_Q2K ((dol_r16_kind){ 2, false, true, true, true })    /* Q2_K */
+#define DOL_R16_Q3K ((dol_r16_kind){ 3, false, true, true, false })   /* Q3_K */
+#define DOL_R16_Q6K ((dol_r16_kind){ 6, false, true, true, false })   /* Q6_K */
+
+/* Calls F(..., kind) with the kind of R as a constant. */
+#define DOL_R16_DISPATCH(R, F, ...)                                              \
+    do {                                                                         \
+        if ((R)->kq) {                                                           \
+            if ((R)->halves && (R)->bits == 2) F(__VA_ARGS__, DOL_R16_Q2K);      \
+            else if ((R)->halves && (R)->bits == 3) F(__VA_ARGS__, DOL_R16_Q3K); \
+            else if ((R)->halves) F(__VA_ARGS__, DOL_R16_Q6K);                   \
+            else if ((R)->bits == 5) F(__VA_ARGS__, DOL_R16_Q5K);                \
+            else F(__VA_ARGS__, DOL_R16_Q4K);                                    \
+        } else if ((R)->bits == 8) F(__VA_ARGS__, DOL_R16_B8);                   \
+        else if ((R)->bits == 5 && (R)->min) F(__VA_ARGS__, DOL_R16_Q51);        \
+        else if ((R)->bits == 5) F(__VA_ARGS__, DOL_R16_Q5);                     \
+        else if ((R)->lut) F(__VA_ARGS__, DOL_R16_NF4);                          \
+        else if ((R)->min) F(__VA_ARGS__, DOL_R16_Q41);                          \
+        else F(__VA_ARGS__, DOL_R16_Q4);                                         \
+    } while (0)
 
 #endif

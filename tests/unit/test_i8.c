@@ -141,7 +141,29 @@ typedef struct {
     double *P, *Z; /* [N][K] */
 } matrix;
 
-static void make_matrix(const format *f, int N, matrix *m)
+/* The bytes of a block's quants and the byte that sets each to its
+ * largest magnitude for the products (u at 2^bits - 1; the 8-bit ones at
+ * w = -128). */
+static void quant_bytes(dol_dtype t, int *lo, int *hi, uint8_t *fill)
+{
+    *fill = 0xFF;
+    switch ((int)t) {
+    case DOL_DTYPE_Q8_0: *lo = 2, *hi = 34, *fill = 0x80; break;
+    case DOL_DTYPE_Q4_0: *lo = 2, *hi = 18; break;
+    case DOL_DTYPE_Q4_1: *lo = 4, *hi = 20; break;
+    case DOL_DTYPE_Q5_0: *lo = 2, *hi = 22; break;
+    case DOL_DTYPE_Q5_1: *lo = 4, *hi = 24; break;
+    case DOL_DTYPE_Q2_K: *lo = 16, *hi = 80; break;
+    case DOL_DTYPE_Q3_K: *lo = 0, *hi = 96; break;
+    case DOL_DTYPE_Q4_K: *lo = 16, *hi = 144; break;
+    case DOL_DTYPE_Q5_K: *lo = 16, *hi = 176; break;
+    default: *lo = 0, *hi = 192; break; /* Q6_K */
+    }
+}
+
+/* A random matrix of format f; extreme: every quant at its largest
+ * magnitude (the int16 sums of the AVX2 products at their bound). */
+static void make_matrix_x(const format *f, int N, matrix *m, bool extreme)
 {
     const int K = f->K;
     memset(m, 0, sizeof *m);
@@ -155,6 +177,7 @@ static void make_matrix(const format *f, int N, matrix *m)
             m->nf4.codes = malloc(dol_nf4_codes_bytes(N, K));
             m->nf4.scales = malloc(dol_nf4_scales_bytes(N, K));
             assert_int_equal(dol_nf4_quantize(NULL, &src, &m->nf4, "w", err, sizeof err), 0);
+            if (extreme) memset(m->nf4.codes, 0xFF, dol_nf4_codes_bytes(N, K));
             for (int r = 0; r < N; r++)
                 for (int k = 0; k < K; k++) {
                     const float a = dol_f16_to_f32(m->nf4.scales[(size_t)r * m->nf4.blocks_per_row + k / 64]);
@@ -164,6 +187,7 @@ static void make_matrix(const format *f, int N, matrix *m)
             m->q8.quants = malloc(dol_q8_quants_bytes(N, K));
             m->q8.scales = malloc(dol_q8_scales_bytes(N, K));
             assert_int_equal(dol_q8_quantize(NULL, &src, &m->q8, "w", err, sizeof err), 0);
+            if (extreme) memset(m->q8.quants, 0x80, dol_q8_quants_bytes(N, K));
             for (int r = 0; r < N; r++)
                 for (int k = 0; k < K; k++)
                     m->P[(size_t)r * K + k] = (double)m->q8.quants[(size_t)r * K + k] *
@@ -178,6 +202,12 @@ static void make_matrix(const format *f, int N, matrix *m)
     m->blocks = random_matrix(f->t, N, K);
     const size_t rb = dol_dtype_row_bytes(f->t, K), bb = dol_dtype_block_bytes(f->t);
     const int bs = dol_dtype_block(f->t);
+    if (extreme) {
+        int lo, hi;
+        uint8_t fill;
+        quant_bytes(f->t, &lo, &hi, &fill);
+        for (size_t i = 0; i < (size_t)N * rb / bb; i++) memset(m->blocks + i * bb + lo, fill, (size_t)(hi - lo));
+    }
     uint8_t *zeroed = malloc(bb);
     for (int r = 0; r < N; r++)
         for (int b = 0; b < K / bs; b++) {
@@ -195,6 +225,8 @@ static void make_matrix(const format *f, int N, matrix *m)
     m->v = (dol_i8_weight){ f->t, m->blocks, rb, NULL, NULL, N, K };
     m->cw = (dol_cpu_weight){ m->blocks, f->t, NULL, N, K, false, NULL, NULL, rb, NULL, NULL, false };
 }
+
+static void make_matrix(const format *f, int N, matrix *m) { make_matrix_x(f, N, m, false); }
 
 static void free_matrix(matrix *m)
 {
@@ -507,16 +539,43 @@ static float r16_reference(const matrix *m, const dol_i8_act *a, int t, int n)
     return acc;
 }
 
-/* Every format the layout takes: the kernel's bits are the reference's at
- * every T (VNNI; the tile unit from 16 rows where the CPU has AMX-INT8),
- * for a part of the rows too, and through the engine's products with one
- * and two threads. */
-static void test_interleaved(void **state)
+/* Every quant at its largest magnitude and every input at +-127 (rows of x
+ * alternating +1 and -1): the integers' bounds, where the AVX2 int16 sums
+ * would overflow if flushed too late. The reference's bits at T = 1..9. */
+static void interleaved_extremes(const format *f, const char *set)
 {
-    (void)state;
-    if (!dol_i8_r16_available() || dol_cpu_i8_set("avx512vnni") != 0) skip();
+    const int N = 24, T = 9, K = f->K;
+    matrix m;
+    make_matrix_x(f, N, &m, true);
+    dol_i8_r16 R;
+    assert_int_equal(dol_i8_r16_alloc(&R, &m.v), 0);
+    dol_i8_r16_fill(&R, &m.v, 0, R.groups);
+    float *x = malloc(sizeof(float) * (size_t)T * K), *ref = malloc(sizeof(float) * (size_t)T * N),
+          *out = malloc(sizeof(float) * (size_t)T * N);
+    for (int i = 0; i < T * K; i++) x[i] = i / K % 2 ? -1.0f : 1.0f;
+    dol_i8_act a = {0};
+    assert_int_equal(dol_cpu_i8_act_reserve(&a, T, K), 0);
+    dol_cpu_i8_get()->quantize(&a, x, 0, T);
+    assert_int_equal(a.q[0], 127);
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) ref[(size_t)t * N + n] = r16_reference(&m, &a, t, n);
+    for (int t = 1; t <= T; t++) {
+        a.T = t;
+        dol_i8_r16_rows(out, N, &a, &R, 0, N, NULL);
+        if (memcmp(out, ref, sizeof(float) * (size_t)t * N) != 0)
+            fail_msg("%s, extreme quants: T=%d on %s: other bits than the reference", f->name, t, set);
+    }
+    dol_cpu_i8_act_free(&a);
+    free(x), free(ref), free(out);
+    dol_i8_r16_free(&R);
+    free_matrix(&m);
+}
+
+/* The layout on the int8 set in use (test_interleaved below). */
+static void interleaved_on_set(const char *set)
+{
     const int N = 37, Tmax = 40; /* two groups and a part; two token blocks and a part */
-    const bool amx = dol_amx_i8_available();
+    const bool amx = dol_amx_i8_available() && strcmp(set, "avx512vnni") == 0;
     dol_pool *pools[2] = { dol_pool_new(1), dol_pool_new(2) };
     int seen = 0;
     for (size_t fi = 0; fi < N_FORMATS; fi++) {
@@ -528,6 +587,9 @@ static void test_interleaved(void **state)
         make_matrix(f, N, &m);
         dol_i8_r16 R;
         assert_int_equal(dol_i8_r16_alloc(&R, &m.v), 0);
+        assert_int_equal(R.set, strcmp(set, "avx2") == 0      ? DOL_R16_AVX2
+                                : strcmp(set, "avxvnni") == 0 ? DOL_R16_AVXVNNI
+                                                              : DOL_R16_AVX512VNNI);
         dol_i8_r16_fill(&R, &m.v, 0, R.groups);
         float *x = awkward_x(Tmax, K);
         dol_i8_act a = {0};
@@ -542,7 +604,7 @@ static void test_interleaved(void **state)
             for (int u = 0; u < (amx && T >= 16 ? 2 : 1); u++) {
                 dol_i8_r16_rows(out, N, &a, &R, 0, N, u ? scratch : NULL);
                 if (memcmp(out, ref, sizeof(float) * (size_t)T * N) != 0)
-                    fail_msg("%s: T=%d on %s: other bits than the reference", f->name, T, u ? "amx" : "vnni");
+                    fail_msg("%s: T=%d on %s: other bits than the reference", f->name, T, u ? "amx" : set);
             }
         }
         /* rows 16 .. N-1 only: just those columns written */
@@ -574,7 +636,8 @@ static void test_interleaved(void **state)
                 for (int T = 1; T <= Tmax; T += (T < 18 ? 1 : 11)) {
                     dol_cpu_matmul_multi(pools[p], x, T, K, &m.cw, &out, 1);
                     if (memcmp(out, ref, sizeof(float) * (size_t)T * N) != 0)
-                        fail_msg("%s: engine product, T=%d, threads=%d, amx=%d: other bits", f->name, T, p + 1, u);
+                        fail_msg("%s: engine product on %s, T=%d, threads=%d, amx=%d: other bits", f->name, set, T,
+                                 p + 1, u);
                 }
         }
         dol_cpu_i8_act_free(&act);
@@ -583,10 +646,28 @@ static void test_interleaved(void **state)
         dol_cpu_i8_act_free(&a);
         dol_i8_r16_free(&R);
         free_matrix(&m);
+        interleaved_extremes(f, set);
     }
     assert_int_equal(seen, 12);
     dol_pool_free(pools[0]);
     dol_pool_free(pools[1]);
+}
+
+/* Every format the layout takes, on every int8 set this CPU runs: the
+ * kernel's bits are the reference's at every T (the set's vectors; with
+ * avx512vnni the tile unit from 16 rows where the CPU has AMX-INT8), for a
+ * part of the rows too, and through the engine's products with one and two
+ * threads. */
+static void test_interleaved(void **state)
+{
+    (void)state;
+    int sets_run = 0;
+    for (int si = 0; si < N_SET_NAMES; si++) {
+        if (dol_cpu_i8_set(SET_NAMES[si]) != 0 || !dol_cpu_i8_get()) continue;
+        sets_run++;
+        interleaved_on_set(SET_NAMES[si]);
+    }
+    if (!sets_run) skip();
 }
 
 /* AMX-INT8 (cpu_amx.h, batch_invariant off): every format against the
