@@ -157,9 +157,6 @@ static uint64_t st_offset(const st_file *f, const char *name, int i)
                                         i)->valuedouble;
 }
 
-/* Write f with a new 8-byte length: `hdr_text` (or f's header when NULL),
- * padded with spaces so that 8 + N == misalign (mod 8); the first `data_len`
- * bytes of f's data follow. */
 /* Byte at of the file at path set to v. */
 static void set_byte(const char *path, size_t at, uint8_t v)
 {
@@ -171,6 +168,9 @@ static void set_byte(const char *path, size_t at, uint8_t v)
     free(b);
 }
 
+/* Write f with a new 8-byte length: `hdr_text` (or f's header when NULL),
+ * padded with spaces so that 8 + N == misalign (mod 8); the first `data_len`
+ * bytes of f's data follow. */
 static void st_write(const st_file *f, const char *path, const char *hdr_text,
                      int misalign, size_t data_len)
 {
