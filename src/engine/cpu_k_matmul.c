@@ -187,7 +187,7 @@ static inline void v_sum4(const vecf a[4], float *out)
  *                     chunk on into L1)
  *   PACK_XROWS        rows of x per register tile: 6 x 4 accumulators + 4
  *                     weights + 1 input fit the 32 zmm registers; the 16
- *                     ymm of AVX2 take 3 x 4
+ *                     ymm of AVX2 take 3 x 4 with x held (PACK_X_FIRST)
  *   PACK_CHUNK_BYTES  panels per prefill cache block (fits L2; the size
  *                     matters little)
  *   PACK_SNAKE_BYTES  a group's rows of x from which the decode-batch order
@@ -199,9 +199,18 @@ static inline void v_sum4(const vecf a[4], float *out)
 #define PACK_OUTER_ROWS 16
 #if DOL_SIMD == 16
 #define PACK_XROWS 6
+#define PACK_VREGS 32
 #else
 #define PACK_XROWS 3
+#define PACK_VREGS 16
 #endif
+/* Whether an NR-row tile holds its NR rows of x in registers and streams W a
+ * row at a time (NR x 4 accumulators + NR + 1 registers) rather than the
+ * other way round (+ 4 + 1): only where the latter overflows the register
+ * file (AVX2's 3 rows: 17 of 16), since with W read from memory, not cache,
+ * the 4 loads side by side keep more misses in flight (AVX2 at 2 rows of x
+ * and 8 MiB of F16 weights: 79-84 GFLOP/s against 68 the other way) */
+#define PACK_X_FIRST(NR) ((NR) * DOL_PACK_ROWS + DOL_PACK_ROWS + 1 > PACK_VREGS)
 #define PACK_CHUNK_BYTES (192u * 1024u)
 #define PACK_SNAKE_BYTES (32u * 1024u)
 
@@ -249,13 +258,28 @@ static inline void prefetch_ahead_l2(const char *chunk, size_t esz)
                 pq += (size_t)ppu * 64;                                                     \
             }                                                                               \
             for (int kk = 0; kk < DOL_PACK_K; kk += DOL_SIMD) {                             \
-                vecf w[DOL_PACK_ROWS];                                                      \
-                for (int c = 0; c < DOL_PACK_ROWS; c++)                                     \
-                    w[c] = v_load_w(wc, t, (size_t)c * DOL_PACK_K + (size_t)kk);            \
-                for (int r = 0; r < NR; r++) {                                              \
-                    vecf xv = v_in_register(v_load(x + (size_t)r * K + k + kk));            \
-                    for (int c = 0; c < DOL_PACK_ROWS; c++) acc[r][c] = v_fma(xv, w[c], acc[r][c]); \
+                if (!PACK_X_FIRST(NR)) { /* the 4 rows of W in registers */                 \
+                    vecf w[DOL_PACK_ROWS];                                                  \
+                    for (int c = 0; c < DOL_PACK_ROWS; c++)                                 \
+                        w[c] = v_load_w(wc, t, (size_t)c * DOL_PACK_K + (size_t)kk);        \
+                    for (int r = 0; r < NR; r++) {                                          \
+                        vecf xv = v_in_register(v_load(x + (size_t)r * K + k + kk));        \
+                        for (int c = 0; c < DOL_PACK_ROWS; c++)                             \
+                            acc[r][c] = v_fma(xv, w[c], acc[r][c]);                         \
+                    }                                                                       \
+                    continue;                                                               \
                 }                                                                           \
+                /* the NR rows of x in registers, W one row at a time; the                  \
+                 * empty asm keeps each accumulator in its register */                      \
+                vecf xv[NR];                                                                \
+                for (int r = 0; r < NR; r++)                                                \
+                    xv[r] = v_in_register(v_load(x + (size_t)r * K + k + kk));              \
+                for (int c = 0; c < DOL_PACK_ROWS; c++) {                                   \
+                    vecf w = v_in_register(v_load_w(wc, t, (size_t)c * DOL_PACK_K + (size_t)kk)); \
+                    for (int r = 0; r < NR; r++) acc[r][c] = v_fma(xv[r], w, acc[r][c]);   \
+                }                                                                           \
+                for (int r = 0; r < NR; r++)                                                \
+                    for (int c = 0; c < DOL_PACK_ROWS; c++) acc[r][c] = v_in_register(acc[r][c]); \
             }                                                                               \
         }                                                                                   \
         /* vector steps inside the tail rows (an 8-lane set when K % 16 >= 8) */            \
