@@ -93,7 +93,7 @@ static void error_headers(dol_http_req *c, struct MHD_Response *resp, int status
         MHD_add_response_header(resp, "Allow", allow);
     }
     /* the connection's byte stream cannot be trusted after these */
-    if (status == 413 || status == 414 || status == 431 ||
+    if (status == 413 || status == 414 || status == 431 || status == 501 ||
         (status == 400 && c->head_status == 400))
         MHD_add_response_header(resp, "Connection", "close");
 }

@@ -121,6 +121,7 @@ typedef struct {
     size_t bytes;                /* key + value + separators, added up */
     int n_length;                /* Content-Length headers */
     bool lengths_differ, chunked;
+    bool other_coding;           /* a Transfer-Encoding other than "chunked" */
     const char *length;          /* the first Content-Length */
 } head_info;
 
@@ -135,6 +136,7 @@ static enum MHD_Result add_size(void *cls, enum MHD_ValueKind kind, const char *
         if (h->n_length == 1) h->length = value;
     } else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
         h->chunked = true;
+        if (strcasecmp(value, "chunked") != 0) h->other_coding = true;
     }
     return MHD_YES;
 }
@@ -143,7 +145,8 @@ static enum MHD_Result add_size(void *cls, enum MHD_ValueKind kind, const char *
  * MAX_TARGET_BYTES, 431 when the headers add up to more than
  * MAX_HEADER_BYTES, 400 when the body's length is ambiguous (Content-Length
  * headers that differ, or one beside Transfer-Encoding: a request
- * smuggling pattern, refused as RFC 9112 says), else 0. */
+ * smuggling pattern, refused as RFC 9112 says), 501 for a transfer coding
+ * other than chunked (the body's end could not be found), else 0. */
 static int head_status(struct MHD_Connection *conn, const char *url)
 {
     head_info target = {.bytes = strlen(url)}, headers = {0};
@@ -152,6 +155,7 @@ static int head_status(struct MHD_Connection *conn, const char *url)
     MHD_get_connection_values(conn, MHD_HEADER_KIND, add_size, &headers);
     if (headers.bytes > MAX_HEADER_BYTES) return 431;
     if (headers.lengths_differ || (headers.n_length && headers.chunked)) return 400;
+    if (headers.other_coding) return 501;
     return 0;
 }
 
@@ -195,6 +199,12 @@ static enum MHD_Result dispatch(dol_http_req *c, const char *url)
         dol_api_error_set(&e, 400, "invalid_request_error", NULL, "ambiguous_body_length",
                           "The request has Content-Length headers that differ, or one "
                           "beside Transfer-Encoding.");
+        return dol_http_send_error(c, &e);
+    }
+    if (c->head_status == 501) {
+        dol_api_error_set(&e, 501, "invalid_request_error", NULL, "unsupported_transfer_encoding",
+                          "The request's Transfer-Encoding is not supported; send the body "
+                          "with Content-Length or as chunked alone.");
         return dol_http_send_error(c, &e);
     }
     if (c->head_status == 431) {
@@ -332,6 +342,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
         if (!c) return MHD_NO;
         *con_cls = c;
         c->head_status = head_status(conn, url);
+        /* refused from the head alone, before any of the body is read
+         * (whose end an unknown transfer coding would hide): then closed */
+        if (c->head_status) return dispatch(c, url);
         if (atomic_load(&s->state) == DOL_STATE_DRAINING) {
             enum MHD_Result r;
             if (refuse_while_draining(c, url, &r)) return r;

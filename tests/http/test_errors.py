@@ -376,7 +376,7 @@ MHD_ANSWERS = [
     ("unknown-version", b"GET /v1/models HTTP/2.5\r\nHost: x\r\n\r\n", 505),
     ("length-not-a-number", b"GET /livez HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n", 400),
     ("malformed-chunked", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-     b"application/json\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n{\"a\":1}", 400),
+     b"application/json\r\nTransfer-Encoding: chunked\r\n\r\n{\"a\":1}", 400),
     ("length-past-counting", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
      b"18446744073709551617\r\n\r\n", 413),
 ]
@@ -410,6 +410,31 @@ def test_ambiguous_body_length_is_refused(server):
     assert status == 400 and headers["connection"].lower() == "close"
     assert json.loads(rest)["error"]["code"] == "ambiguous_body_length"
     assert raw.count(b"HTTP/1.1 ") == 1, raw   # nothing answered for the leftover
+
+
+@pytest.mark.parametrize("coding,length", [
+    (b"chunked", True), (b"identity", True), (b"gzip, chunked", False), (b"foo", False)],
+    ids=["chunked-with-length", "identity-with-length", "gzip-chunked", "unknown"])
+def test_unknown_transfer_coding_is_answered_at_once(server, coding, length):
+    """A Transfer-Encoding other than chunked hides where the body ends: the
+    answer comes from the head alone (400 beside Content-Length, else 501),
+    at once, with the connection closed; the client's socket stays open, so
+    a server that waited for the body would time this out."""
+    body = b'{"prompt":"a","max_tokens":1}'
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: " + coding + b"\r\n" +
+            (b"Content-Length: %d\r\n" % len(body) if length else b"") + b"\r\n")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(head + body)
+        raw = b""
+        while chunk := s.recv(65536):   # to the server's close
+            raw += chunk
+    status, headers, rest = split_answer(raw)
+    assert status == (400 if length else 501), raw[:300]
+    assert headers["connection"].lower() == "close"
+    code = json.loads(rest)["error"]["code"]
+    assert code == ("ambiguous_body_length" if length else "unsupported_transfer_encoding")
+    assert requests.get(server.url + "/v1/models", timeout=30).ok
 
 
 def test_huge_announced_body_gets_413_at_once(server):
