@@ -310,10 +310,15 @@ cJSON *dol_api_logprobs_json(const dol_tokenizer *tok,
  * (only control tokens, if any, come before them), the first entry that is
  * not a control token, and its alternatives, read without the leading space
  * that sentencepiece drops from the first piece it decodes, as the text does.
+ * With text (NULL: the pieces), the generated text, text_len bytes, that
+ * begins at offset base of the choice's text: tokens[i] reads text from
+ * offsets[i] to offsets[i + 1] (the last: to end), less base and clamped to
+ * text, so a token that a stop string cut reads only what the choice kept.
  * Joined, the tokens then spell the text (byte-fallback tokens of non-ASCII
  * characters aside). */
 cJSON *dol_api_logprobs_json_at(const dol_tokenizer *tok, const dol_token_logprob *lps,
-                                const int *offsets, int n, bool at_start);
+                                const int *offsets, int n, bool at_start, const char *text,
+                                size_t text_len, int base, int end);
 /* Logprobs of an echoed prompt ids[0..n) (lps: n entries; NULL gives the
  * empty object) whose text in the choice is echo (echo_len bytes): the text
  * prompt as given, or the decode of a token prompt. The tokens, joined, spell

@@ -188,14 +188,20 @@ static const char *token_text_at(const dol_tokenizer *tok, int32_t id, bool at_s
     return buf;
 }
 
-/* Entries i of lps, at offsets[i]. With spell (the choice's text, spell_len
- * bytes), a token's text is spell[offsets[i], offsets[i + 1]) (the last one's
- * runs to the end), except that control tokens read "" and non-ASCII
- * byte-fallback tokens bytes:\xNN; without it, the token's piece
- * (token_text_at). */
+/* Entries i of lps, at offsets[i]. With spell (spell_len bytes, starting
+ * at offset base of the choice's text), a token's text is spell[offsets[i],
+ * offsets[i + 1]) less base (the last one's runs to end), both ends clamped
+ * to spell, except that control tokens read "" and non-ASCII byte-fallback
+ * tokens bytes:\xNN; without it, the token's piece (token_text_at). */
+static size_t clamp_at(int v, size_t len)
+{
+    return v <= 0 ? 0 : (size_t)v > len ? len : (size_t)v;
+}
+
 static int logprobs_append(cJSON *obj, const dol_tokenizer *tok,
                            const dol_token_logprob *lps, const int *offsets, int n,
-                           bool at_start, const char *spell, size_t spell_len)
+                           bool at_start, const char *spell, size_t spell_len, int base,
+                           int end)
 {
     cJSON *tokens = cJSON_GetObjectItemCaseSensitive(obj, "tokens");
     cJSON *tlp = cJSON_GetObjectItemCaseSensitive(obj, "token_logprobs");
@@ -208,8 +214,9 @@ static int logprobs_append(cJSON *obj, const dol_tokenizer *tok,
         const char *piece = token_text_at(tok, lp->id, at_start, buf, sizeof buf);
         if (spell && !dol_tokenizer_is_control(tok, lp->id) &&
             !(dol_tokenizer_is_byte(tok, lp->id) && strncmp(piece, "bytes:", 6) == 0)) {
-            size_t a = (size_t)offsets[i], b = i + 1 < n ? (size_t)offsets[i + 1] : spell_len;
-            cJSON_AddItemToArray(tokens, dol_api_string_n(spell + a, b - a));
+            size_t a = clamp_at(offsets[i] - base, spell_len);
+            size_t b = clamp_at((i + 1 < n ? offsets[i + 1] : end) - base, spell_len);
+            cJSON_AddItemToArray(tokens, dol_api_string_n(spell + a, b > a ? b - a : 0));
         } else {
             cJSON_AddItemToArray(tokens, cJSON_CreateString(piece));
         }
@@ -229,7 +236,9 @@ static int logprobs_append(cJSON *obj, const dol_tokenizer *tok,
             }
             cJSON_AddItemToArray(top, t ? t : cJSON_CreateNull());
         }
-        cJSON_AddItemToArray(off, cJSON_CreateNumber(offsets ? offsets[i] : 0));
+        int at = offsets ? offsets[i] : 0;
+        if (spell) at = base + (int)clamp_at(at - base, spell_len); /* a cut token's: the end */
+        cJSON_AddItemToArray(off, cJSON_CreateNumber(at));
         if (at_start && !dol_tokenizer_is_control(tok, lp->id)) at_start = false;
     }
     return 0;
@@ -239,12 +248,12 @@ int dol_api_logprobs_append(cJSON *obj, const dol_tokenizer *tok,
                             const dol_token_logprob *lps, const int *offsets,
                             int n)
 {
-    return logprobs_append(obj, tok, lps, offsets, n, false, NULL, 0);
+    return logprobs_append(obj, tok, lps, offsets, n, false, NULL, 0, 0, 0);
 }
 
 static cJSON *logprobs_json(const dol_tokenizer *tok, const dol_token_logprob *lps,
                             const int *offsets, int n, bool at_start, const char *spell,
-                            size_t spell_len)
+                            size_t spell_len, int base, int end)
 {
     cJSON *obj = cJSON_CreateObject();
     if (!obj) return NULL;
@@ -252,7 +261,7 @@ static cJSON *logprobs_json(const dol_tokenizer *tok, const dol_token_logprob *l
         !cJSON_AddArrayToObject(obj, "token_logprobs") ||
         !cJSON_AddArrayToObject(obj, "top_logprobs") ||
         !cJSON_AddArrayToObject(obj, "text_offset") ||
-        logprobs_append(obj, tok, lps, offsets, n, at_start, spell, spell_len)) {
+        logprobs_append(obj, tok, lps, offsets, n, at_start, spell, spell_len, base, end)) {
         cJSON_Delete(obj);
         return NULL;
     }
@@ -260,16 +269,17 @@ static cJSON *logprobs_json(const dol_tokenizer *tok, const dol_token_logprob *l
 }
 
 cJSON *dol_api_logprobs_json_at(const dol_tokenizer *tok, const dol_token_logprob *lps,
-                                const int *offsets, int n, bool at_start)
+                                const int *offsets, int n, bool at_start, const char *text,
+                                size_t text_len, int base, int end)
 {
-    return logprobs_json(tok, lps, offsets, n, at_start, NULL, 0);
+    return logprobs_json(tok, lps, offsets, n, at_start, text, text_len, base, end);
 }
 
 cJSON *dol_api_logprobs_json(const dol_tokenizer *tok,
                              const dol_token_logprob *lps, const int *offsets,
                              int n)
 {
-    return logprobs_json(tok, lps, offsets, n, false, NULL, 0);
+    return logprobs_json(tok, lps, offsets, n, false, NULL, 0, 0, 0);
 }
 
 /* Offsets of ids in echo when echo encodes to them (after their leading
@@ -326,9 +336,9 @@ cJSON *dol_api_echo_logprobs_json(const dol_tokenizer *tok, const dol_token_logp
     if (!off) return NULL;
     cJSON *lp = NULL;
     if (span_offsets(tok, ids, n, echo, echo_len, off) == 0)
-        lp = logprobs_json(tok, lps, off, n, true, echo, echo_len);
+        lp = logprobs_json(tok, lps, off, n, true, echo, echo_len, 0, (int)echo_len);
     else if (decode_offsets(tok, ids, n, echo_len, off) == 0)
-        lp = logprobs_json(tok, lps, off, n, true, NULL, 0);
+        lp = logprobs_json(tok, lps, off, n, true, NULL, 0, 0, 0);
     free(off);
     return lp;
 }

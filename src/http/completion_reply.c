@@ -116,7 +116,9 @@ static cJSON *choice_logprobs(const dol_http_req *c, int p, const dol_output *ch
     const int32_t *prompt = dol_request_prompt(c->cmpl->reqs[p], &n_prompt);
     bool at_start = !has_text_token(c->cmpl->tok, prompt, n_prompt) &&
                     !has_text_token(c->cmpl->tok, ch->ids, from);
-    cJSON *lp = dol_api_logprobs_json_at(c->cmpl->tok, ch->lps + from, off, to - from, at_start);
+    int end = (int)base + (to > 0 && ch->lps_text_len ? ch->lps_text_len[to - 1] : 0);
+    cJSON *lp = dol_api_logprobs_json_at(c->cmpl->tok, ch->lps + from, off, to - from, at_start,
+                                         ch->text ? ch->text : "", ch->text_len, (int)base, end);
     free(off);
     return lp;
 }
@@ -292,19 +294,25 @@ static int emit_progress(dol_http_req *c, int p, int i)
     dol_api_meta m = meta_of(c);
     size_t base = c->cmpl->echo ? strlen(c->cmpl->echo_text[p]) : 0;
     bool per_token = (c->cmpl->logprobs >= 0 && ch->lps) || c->cmpl->return_token_ids;
-    bool new_ids = per_token && ch->n_ids > c->cmpl->sent_lps[k];
+    bool ended = ch->finish != DOL_FINISH_NONE || c->cmpl->st[p].done;
+    /* tokens go out with the text they produced: one whose text is still
+     * held back (it may yet be cut by a stop string) waits for it */
+    int to = ch->n_ids;
+    if (!ended && c->cmpl->logprobs >= 0 && ch->lps_text_len)
+        while (to > c->cmpl->sent_lps[k] && (size_t)ch->lps_text_len[to - 1] > ch->text_len) to--;
+    bool new_ids = per_token && to > c->cmpl->sent_lps[k];
     if (ch->text_len > c->cmpl->sent_text[k] || new_ids) {
         dol_api_choice out = {.index = k};
         out.text = ch->text + c->cmpl->sent_text[k];
         out.text_len = ch->text_len - c->cmpl->sent_text[k];
-        if (c->cmpl->logprobs >= 0) out.logprobs = choice_logprobs(c, p, ch, c->cmpl->sent_lps[k], ch->n_ids, base);
+        if (c->cmpl->logprobs >= 0) out.logprobs = choice_logprobs(c, p, ch, c->cmpl->sent_lps[k], to, base);
         if (c->cmpl->return_token_ids) {
             out.token_ids = ch->ids + c->cmpl->sent_lps[k];
-            out.n_token_ids = ch->n_ids - c->cmpl->sent_lps[k];
+            out.n_token_ids = to - c->cmpl->sent_lps[k];
         }
         if (emit_choice(c, &out, &m)) return -1;
         c->cmpl->sent_text[k] = ch->text_len;
-        c->cmpl->sent_lps[k] = ch->n_ids;
+        c->cmpl->sent_lps[k] = to;
     }
     if (!c->cmpl->sent_finish[k] && (ch->finish != DOL_FINISH_NONE || c->cmpl->st[p].done)) {
         dol_api_choice out = {.index = k, .finish = finish_str(ch->finish)};

@@ -99,6 +99,34 @@ def test_stop_strings_spanning_tokens(server):
         assert finishes == ["stop"]
 
 
+def test_logprobs_of_a_choice_cut_by_a_stop_string(server):
+    """A stop string that begins inside a token (or spans several) cuts the
+    text; the tokens still spell it: the cut token reads what the choice
+    kept, whole or streamed, and every generated token keeps its entry."""
+    prompt = "Once upon a time"
+    full, toks = _tokens_with_text(server, prompt, 40)
+    # stops that begin inside a token: its second character on, and a span
+    # from inside one token to inside the next
+    mids = [i for i, t in enumerate(toks) if len(t) >= 3]
+    assert len(mids) >= 2
+    at = len("".join(toks[:mids[0]]))
+    inside = full[at + 1: at + 3]
+    at2 = len("".join(toks[:mids[1] + 1]))
+    across = full[at2 - 2: at2 + 1]
+    for stop in (inside, across):
+        cut = full.find(stop)
+        body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "stop": [stop],
+                "ignore_eos": True, "logprobs": 2}
+        r = server.complete(body).json()
+        ch = r["choices"][0]
+        assert ch["text"] == full[:cut], stop
+        check_tokens_spell_text(ch["text"], ch["logprobs"])
+        assert len(ch["logprobs"]["tokens"]) == r["usage"]["completion_tokens"]
+        [(text, lp)] = streamed_logprobs(stream(server, dict(body, stream=True)))
+        assert text == full[:cut]
+        check_tokens_spell_text(text, lp)
+
+
 def test_stop_validation(server):
     base = {"prompt": "x", "max_tokens": 2}
     check_error(server.complete(dict(base, stop=["a", "b", "c", "d", "e"])), 400,
