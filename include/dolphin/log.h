@@ -18,13 +18,20 @@ int dol_log_parse_level(const char *s);
 
 /* Log `event` with the key=value pairs formatted by fmt (printf style, may
  * be NULL or ""). Values with spaces or quotes should be passed through
- * dol_log_quote. */
+ * dol_log_quote (DOL_LOG_Q); control bytes that still reach the pairs (a
+ * newline in an unquoted value) are written escaped (\n, \xNN), so an event
+ * is always one line. Any thread. */
 void dol_log(dol_log_level l, const char *event, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Quote a value for key=value output when it needs it ("a b" -> "\"a b\"");
  * writes into buf (size n) and returns buf. */
 const char *dol_log_quote(const char *s, char *buf, size_t n);
+
+/* dol_log_quote into a 1 KiB buffer that lives to the end of the enclosing
+ * block (a compound literal), for a value passed straight to dol_log:
+ * dol_log(l, "ev", "model=%s", DOL_LOG_Q(name)). Longer values are cut. */
+#define DOL_LOG_Q(s) dol_log_quote((s), (char[1024]){ 0 }, 1024)
 
 #ifdef __cplusplus
 }

@@ -128,6 +128,33 @@ void dol_log(dol_log_level l, const char *event, const char *fmt, ...)
         va_end(ap);
         len += strlen(line + len);
     }
+    /* one event, one line: a control byte a value brought in unquoted (a
+     * newline in a name) is written escaped, as dol_log_quote would */
+    size_t n_ctl = 0;
+    for (size_t i = headlen; i < len; i++)
+        n_ctl += (unsigned char)line[i] < ' ' || line[i] == 0x7f;
+    char *esc = n_ctl ? malloc(len + 3 * n_ctl + 1) : NULL;
+    if (esc) {
+        size_t o = headlen;
+        memcpy(esc, line, headlen);
+        for (size_t i = headlen; i < len; i++) {
+            unsigned char ch = (unsigned char)line[i];
+            if (ch == '\n' || ch == '\r' || ch == '\t') {
+                esc[o++] = '\\';
+                esc[o++] = ch == '\n' ? 'n' : ch == '\r' ? 'r' : 't';
+            } else if (ch < ' ' || ch == 0x7f) {
+                o += (size_t)sprintf(esc + o, "\\x%02x", ch);
+            } else {
+                esc[o++] = (char)ch;
+            }
+        }
+        if (line != stack) free(line);
+        line = esc;
+        len = o;
+    } else if (n_ctl) {
+        for (size_t i = headlen; i < len; i++)
+            if ((unsigned char)line[i] < ' ' || line[i] == 0x7f) line[i] = '?';
+    }
     line[len++] = '\n';
     write_all(STDERR_FILENO, line, len);
 

@@ -295,7 +295,7 @@ static int warm_up(dol_models *m, const char *name, dol_scheduler *sched, const 
         if (rc == 1) return -1;   /* the smallest shape must fit */
         if (rc != 0) return rc;
     }
-    dol_log(DOL_LOG_INFO, "warmed_up", "model=%s shapes=%s prompt_tokens=1 batch=%d ms=%.0f", name,
+    dol_log(DOL_LOG_INFO, "warmed_up", "model=%s shapes=%s prompt_tokens=1 batch=%d ms=%.0f", DOL_LOG_Q(name),
             full == 0 ? "single,batch" : "single", full == 0 ? batch : 1, dol_now_ms() - t0);
     return 0;
 }
@@ -310,7 +310,7 @@ static int check_context(const dol_config *cfg, const dol_model_entry *me,
     const char *from = "max_position_embeddings";
     if (me->context_len > ctx) {
         dol_log(DOL_LOG_WARN, "context_len_clamped",
-                "model=%s context_len=%d max_position_embeddings=%d using=%d", me->name,
+                "model=%s context_len=%d max_position_embeddings=%d using=%d", DOL_LOG_Q(me->name),
                 me->context_len, ctx, ctx);
     } else if (me->context_len > 0) {
         ctx = me->context_len;
@@ -488,7 +488,7 @@ static int load_draft(dol_models *m, const dol_model_entry *me, objects *o, char
     dol_model_drop_copies(o->draft_model);
     dol_log(DOL_LOG_INFO, "draft_model_loaded",
             "model=%s draft_model=%s path=%s backend=%s activations=%s weight_bytes=%zu kv_tokens=%lld ctx=%d",
-            me->name, de->name, de->path, dol_engine_backend_name(o->draft_engine),
+            DOL_LOG_Q(me->name), DOL_LOG_Q(de->name), DOL_LOG_Q(de->path), dol_engine_backend_name(o->draft_engine),
             dol_engine_activations(o->draft_engine), dol_engine_weight_bytes(o->draft_engine),
             (long long)dol_engine_kv_blocks_total(o->draft_engine) * dol_engine_kv_block_size(o->draft_engine),
             dol_engine_context_len(o->draft_engine));
@@ -515,7 +515,7 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
      * copies of them (a GGUF file's un-permuted attn_q / attn_k) can go */
     size_t dropped = dol_model_drop_copies(o->model);
     if (dropped > 0)
-        dol_log(DOL_LOG_INFO, "model_copies_freed", "model=%s bytes=%zu", me->name, dropped);
+        dol_log(DOL_LOG_INFO, "model_copies_freed", "model=%s bytes=%zu", DOL_LOG_Q(me->name), dropped);
 
     dol_scheduler_params sp = {0};
     sp.max_batch_size = cfg->max_batch_size;
@@ -538,7 +538,7 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
             "vocab=%d ctx=%d weight_bytes=%zu kv_blocks=%d kv_block_size=%d kv_cache_dtype=%s%s%s "
             "kv_cache_dtype_k=%s kv_cache_dtype_v=%s kv_tokens=%lld kv_contexts=%.2f kv_bytes=%zu threads=%d load_ms=%.0f",
             dol_engine_backend_name(o->engine), dol_engine_cpu_kernels(),
-            dol_engine_activations(o->engine), me->name, me->path,
+            dol_engine_activations(o->engine), DOL_LOG_Q(me->name), DOL_LOG_Q(me->path),
             dol_model_format_name(o->model->format), o->model->type_mix, o->model->cfg.n_layers, o->model->cfg.hidden_size, o->model->cfg.n_heads,
             o->model->cfg.n_kv_heads, o->model->cfg.vocab_size, dol_engine_context_len(o->engine),
             dol_engine_weight_bytes(o->engine), dol_engine_kv_blocks_total(o->engine),
@@ -553,14 +553,14 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
     if (strcmp(dol_engine_backend_name(o->engine), "cuda") == 0)
         dol_log(DOL_LOG_WARN, "cuda_unverified",
                 "model=%s msg=\"this CUDA backend has been verified under the CUDA emulation "
-                "only, not on a GPU; see docs/cuda.md\"", me->name);
+                "only, not on a GPU; see docs/cuda.md\"", DOL_LOG_Q(me->name));
     dol_quant_stats qs;
     dol_engine_quant_stats(o->engine, &qs);
     if (qs.n_quantized > 0)
         dol_log(DOL_LOG_INFO, "weights_quantized",
                 "model=%s format=%s matrices=%d seconds=%.3f bytes_before=%zu bytes_after=%zu "
                 "linear_bytes=%zu linear_f16_bytes=%zu ratio_vs_f16=%.3f lm_head=%s",
-                me->name, dol_config_choice_name("weights", me->weights), qs.n_quantized,
+                DOL_LOG_Q(me->name), dol_config_choice_name("weights", me->weights), qs.n_quantized,
                 qs.quant_seconds, qs.quant_bytes_before, qs.quant_bytes_after, qs.linear_bytes,
                 qs.linear_f16_bytes,
                 qs.linear_f16_bytes ? (double)qs.linear_bytes / (double)qs.linear_f16_bytes : 0.0,
@@ -593,7 +593,7 @@ static void unload_locked(dol_models *m, int v, const char *why)
     objects_free(&o);
     malloc_trim(0);   /* hand the freed heap back to the system */
     dol_log(DOL_LOG_INFO, "model_unloaded", "model=%s reason=%s idle_s=%.1f bytes=%zu ms=%.0f",
-            e->cfg->name, why, idle_s, bytes, dol_now_ms() - t0);
+            DOL_LOG_Q(e->cfg->name), why, idle_s, bytes, dol_now_ms() - t0);
     pthread_mutex_lock(&m->mu);
     pthread_cond_broadcast(&m->cv);
 }
@@ -792,10 +792,10 @@ static void *load_main(void *arg)
     if (discard.model) objects_free(&discard);
     if (stopped)
         dol_log(DOL_LOG_INFO, "model_load_stopped", "model=%s msg=\"the server stopped before "
-                "the load finished\"", e->cfg->name);
+                "the load finished\"", DOL_LOG_Q(e->cfg->name));
     else if (!loaded && !abandoned)
-        dol_log(DOL_LOG_ERROR, "model_load_failed", "model=%s retry_in_s=%.1f error=\"%s\"",
-                e->cfg->name, (e->retry_at_ms - now) / 1000.0, err);
+        dol_log(DOL_LOG_ERROR, "model_load_failed", "model=%s retry_in_s=%.1f error=%s",
+                DOL_LOG_Q(e->cfg->name), (e->retry_at_ms - now) / 1000.0, DOL_LOG_Q(err));
 
     pthread_mutex_lock(&m->mu);
     if (loaded) enforce_budget(m, la.i);
@@ -839,7 +839,7 @@ static int start_load(dol_models *m, int i)
     }
     /* on demand: the request waits from here (start-up says "listening" first) */
     dol_log(e->startup && e->loads == 0 ? DOL_LOG_DEBUG : DOL_LOG_INFO, "model_loading",
-            "model=%s path=%s", e->cfg->name, e->cfg->path);
+            "model=%s path=%s", DOL_LOG_Q(e->cfg->name), DOL_LOG_Q(e->cfg->path));
     return 0;
 }
 
@@ -1149,8 +1149,8 @@ void dol_models_tick(dol_models *m)
             e->failures++;
             e->load_failures++;
             e->retry_at_ms = now + backoff_s(m->cfg, e->failures) * 1000.0;
-            dol_log(DOL_LOG_ERROR, "model_load_failed", "model=%s error=\"%s\"", e->cfg->name,
-                    e->error);
+            dol_log(DOL_LOG_ERROR, "model_load_failed", "model=%s error=%s", DOL_LOG_Q(e->cfg->name),
+                    DOL_LOG_Q(e->error));
             due[n_due++] = take_waiters(e);
             pthread_cond_broadcast(&m->cv);
             continue;

@@ -785,7 +785,7 @@ static int draft_forward(dol_scheduler *s, int m)
 {
     char err[DOL_ERR_LEN];
     if (dol_engine_forward(s->p.spec_draft, s->d_items, m, err, sizeof err) == 0) return 0;
-    dol_log(DOL_LOG_ERROR, "draft_forward_failed", "error=\"%s\"", err);
+    dol_log(DOL_LOG_ERROR, "draft_forward_failed", "error=%s", DOL_LOG_Q(err));
     return -1;
 }
 
@@ -947,7 +947,7 @@ static int forward(dol_scheduler *s, int n_items)
         s->n_steps++;
         return 0;
     }
-    dol_log(DOL_LOG_ERROR, "forward_failed", "error=\"%s\"", err);
+    dol_log(DOL_LOG_ERROR, "forward_failed", "error=%s", DOL_LOG_Q(err));
     for (int k = 0; k < n_items; k++) {
         free(s->item_rows[k]);
         seq_t *q = &s->seqs[s->item_slot[k]];

@@ -889,6 +889,9 @@ static void test_log_lines(void **state)
     dol_log(DOL_LOG_DEBUG, "hidden", "x=1");
     dol_log(DOL_LOG_ERROR, "boom", NULL);
     dol_log(DOL_LOG_WARN, "big", "v=%s", big);
+    /* a newline in an unquoted value stays on its line, escaped; DOL_LOG_Q
+     * quotes like dol_log_quote */
+    dol_log(DOL_LOG_INFO, "raw", "name=%s path=%s", "we\nird\x01", DOL_LOG_Q("a \"b\""));
     dol_log_set_level(DOL_LOG_ERROR);
     dol_log(DOL_LOG_WARN, "hidden", "x=2");
     dol_log_set_level(DOL_LOG_INFO);
@@ -904,7 +907,9 @@ static void test_log_lines(void **state)
         "^ts=[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z "
         "level=info event=start port=8080 model=\"a b\"\n"
         "ts=[^ ]+Z level=error event=boom\n"
-        "ts=[^ ]+Z level=warn event=big v=x+\n$", REG_EXTENDED), 0);
+        "ts=[^ ]+Z level=warn event=big v=x+\n"
+        "ts=[^ ]+Z level=info event=raw name=we\\\\nird\\\\x01 path=\"a \\\\\"b\\\\\"\"\n$",
+        REG_EXTENDED), 0);
     int m = regexec(&re, out, 0, NULL, 0);
     regfree(&re);
     if (m != 0) { print_error("log output:\n%.300s\n", out); fail(); }
