@@ -86,6 +86,9 @@ typedef struct {
     const void *data;
 } dol_tensor;
 
+/* Most end-of-sequence ids config.json's eos_token_id may list. */
+#define DOL_MAX_EOS_IDS 8
+
 /* Hyper-parameters from config.json. */
 typedef struct {
     int hidden_size;          /* model dimension d */
@@ -103,7 +106,11 @@ typedef struct {
                                * as 1); only GGUF's llama.rope.scaling sets it */
     bool tie_word_embeddings; /* lm_head shares model.embed_tokens.weight */
     int bos_token_id;         /* absent = 1 */
-    int eos_token_id;         /* absent = 2 */
+    int eos_token_id;         /* absent = 2; a list's first */
+    /* config.json's eos_token_id as listed (one id, or up to
+     * DOL_MAX_EOS_IDS): each ends a choice like the tokenizer's EOS */
+    int eos_token_ids[DOL_MAX_EOS_IDS];
+    int n_eos_token_ids;
 } dol_model_config;
 
 /* Weights of one decoder layer. Shapes (d = hidden_size, h = head_dim,

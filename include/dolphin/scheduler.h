@@ -217,6 +217,11 @@ typedef struct {
      * >= max_batch_size, prefix caching off. Used by the scheduler thread
      * alone; owned by the caller, outlives the scheduler. NULL otherwise. */
     dol_engine *spec_draft;
+    /* Token ids that end a choice besides the tokenizer's EOS (and BOS),
+     * honoured unless ignore_eos: config.json's eos_token_id list; n_end_ids
+     * 0..DOL_MAX_EOS_IDS, copied at create. */
+    const int *end_ids;
+    int n_end_ids;
     /* For tests. clock_ms: the clock of arrivals, the batch window and
      * timeouts, in ms (NULL = dol_now_ms). manual: no thread of its own;
      * the caller drives the loop with dol_scheduler_tick. */

@@ -584,6 +584,8 @@ int dol_model_gguf_fill(dol_model *m, const char *path, char *err, size_t errlen
     m->cfg.vocab_size = k.n;
     m->cfg.bos_token_id = k.bos;
     m->cfg.eos_token_id = k.eos;
+    m->cfg.eos_token_ids[0] = k.eos;
+    m->cfg.n_eos_token_ids = 1;
     int vs;
     if (key_i32(&L, "llama.vocab_size", false, k.n, 0, INT_MAX, &vs) != 0) return -1;
     if (vs != k.n) {

@@ -256,12 +256,25 @@ static int cfg_must_be_false(const cJSON *root, const char *key, char *err, size
 
 /* A token id: an integer >= 0, or (as some configs write eos) a list whose
  * first element is one. */
-static int cfg_token_id(const cJSON *root, const char *key, int def, int *out,
-                        char *err, size_t errlen)
+/* A token id, or a non-empty list of at most `max` of them (newer
+ * configs list several end-of-sequence ids): out[0..*n). Absent: def. */
+static int cfg_token_ids(const cJSON *root, const char *key, int def, int *out, int max,
+                         int *n, char *err, size_t errlen)
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (cJSON_IsArray(j) && cJSON_GetArraySize(j) > 0) j = cJSON_GetArrayItem(j, 0);
-    return cfg_int_value(j, key, false, 0, def, out, err, errlen);
+    *n = 1;
+    if (!cJSON_IsArray(j)) return cfg_int_value(j, key, false, 0, def, out, err, errlen);
+    int len = cJSON_GetArraySize(j);
+    if (len < 1 || len > max) {
+        dol_set_err(err, errlen, CONFIG_NAME ": field %s: must be a token id or a list of 1 "
+                    "to %d of them (got a list of %d)", key, max, len);
+        return -1;
+    }
+    for (int i = 0; i < len; i++)
+        if (cfg_int_value(cJSON_GetArrayItem(j, i), key, true, 0, def, &out[i], err, errlen))
+            return -1;
+    *n = len;
+    return 0;
 }
 
 static int config_from_json(const cJSON *root, dol_model_config *c, char *err, size_t errlen)
@@ -375,19 +388,24 @@ static int config_from_json(const cJSON *root, dol_model_config *c, char *err, s
                     "false (got %s)", got);
         return -1;
     }
-    if (cfg_token_id(root, "bos_token_id", 1, &c->bos_token_id, err, errlen) ||
-        cfg_token_id(root, "eos_token_id", 2, &c->eos_token_id, err, errlen))
+    int bos[DOL_MAX_EOS_IDS], n_bos;   /* a list's first is the one used */
+    if (cfg_token_ids(root, "bos_token_id", 1, bos, DOL_MAX_EOS_IDS, &n_bos, err, errlen) ||
+        cfg_token_ids(root, "eos_token_id", 2, c->eos_token_ids, DOL_MAX_EOS_IDS,
+                      &c->n_eos_token_ids, err, errlen))
         return -1;
+    c->bos_token_id = bos[0];
+    c->eos_token_id = c->eos_token_ids[0];
     if (c->bos_token_id >= c->vocab_size) {
         dol_set_err(err, errlen, CONFIG_NAME ": field bos_token_id: %d is not below "
                     "vocab_size %d", c->bos_token_id, c->vocab_size);
         return -1;
     }
-    if (c->eos_token_id >= c->vocab_size) {
-        dol_set_err(err, errlen, CONFIG_NAME ": field eos_token_id: %d is not below "
-                    "vocab_size %d", c->eos_token_id, c->vocab_size);
-        return -1;
-    }
+    for (int i = 0; i < c->n_eos_token_ids; i++)
+        if (c->eos_token_ids[i] >= c->vocab_size) {
+            dol_set_err(err, errlen, CONFIG_NAME ": field eos_token_id: %d is not below "
+                        "vocab_size %d", c->eos_token_ids[i], c->vocab_size);
+            return -1;
+        }
     return 0;
 }
 

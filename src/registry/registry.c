@@ -524,6 +524,8 @@ static int load_objects(dol_models *m, const dol_model_entry *me, bool startup, 
     sp.max_queue = cfg->max_queue;
     sp.memory_high_watermark = cfg->memory_high_watermark;
     sp.prefill_chunk = cfg->prefill_chunk;
+    sp.end_ids = o->model->cfg.eos_token_ids;
+    sp.n_end_ids = o->model->cfg.n_eos_token_ids;
     sp.spec_mode = me->speculative_mode;
     sp.spec_max_draft = me->speculative_max_draft;
     sp.spec_ngram = me->speculative_ngram;

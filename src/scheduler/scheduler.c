@@ -57,6 +57,7 @@ struct dol_scheduler {
     const dol_tokenizer *tok;
     dol_scheduler_params p;
     int vocab, ctx, eos, bos;
+    int end_ids[DOL_MAX_EOS_IDS], n_end_ids;   /* more ids that end a choice */
 
     pthread_t thread;
     pthread_mutex_t mu;   /* guards queue, stop, draining, stats */
@@ -143,6 +144,14 @@ static void notify(dol_request *r)
 }
 
 static bool request_gone(dol_request *r) { return atomic_load(&r->cancelled); }
+
+/* Whether id is one of the configured ids that end a choice (end_ids). */
+static bool is_end_id(const dol_scheduler *s, int32_t id)
+{
+    for (int i = 0; i < s->n_end_ids; i++)
+        if (id == s->end_ids[i]) return true;
+    return false;
+}
 
 /* Blocks n choices of a prompt need at admission: every choice reserves
  * room for its prompt plus max_new up front (no preemption needed later);
@@ -569,7 +578,7 @@ static bool sample_and_emit(dol_scheduler *s, seq_t *q, bool *touched)
     int32_t id = dol_sampler_pick(s->sampler, &r->sampling, q->logits, &q->rng);
     if (r->logprobs >= 0) record_logprob(s, r, s->lp_scratch, id, &lp);
     q->tokens[q->n_tokens++] = id;
-    bool is_end = (!r->ignore_eos || q->m) && (id == s->eos || id == s->bos);
+    bool is_end = (!r->ignore_eos || q->m) && (id == s->eos || id == s->bos || is_end_id(s, id));
     if (q->m && !is_end && !dol_matcher_accept(q->m, s->gv, id)) {
         /* cannot happen (the mask allowed it); fail safe */
         fail_request(s, r, DOL_REASON_GRAMMAR_BROKEN);
@@ -1275,6 +1284,8 @@ int dol_scheduler_create(dol_engine *engine, const dol_tokenizer *tok,
     s->vocab = dol_engine_vocab_size(engine);
     s->ctx = dol_engine_context_len(engine);
     s->eos = dol_tokenizer_eos_id(tok);
+    s->n_end_ids = p->n_end_ids < 0 ? 0 : p->n_end_ids > DOL_MAX_EOS_IDS ? DOL_MAX_EOS_IDS : p->n_end_ids;
+    for (int i = 0; i < s->n_end_ids; i++) s->end_ids[i] = p->end_ids[i];
     s->bos = dol_tokenizer_bos_id(tok);
     size_t b = (size_t)s->p.max_batch_size;
     s->items = calloc(b, sizeof *s->items);

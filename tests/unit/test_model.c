@@ -895,6 +895,16 @@ static void test_config(void **state)
          "config.json: field tie_word_embeddings: must be true or false"},
         {"cfg-eos", "{\"eos_token_id\": 512}",
          "config.json: field eos_token_id: 512 is not below vocab_size 512"},
+        {"cfg-eos-list", "{\"eos_token_id\": [2, 99999]}",
+         "config.json: field eos_token_id: 99999 is not below vocab_size 512"},
+        {"cfg-eos-empty", "{\"eos_token_id\": []}",
+         "config.json: field eos_token_id: must be a token id or a list of 1 to 8 of them "
+         "(got a list of 0)"},
+        {"cfg-eos-long", "{\"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9]}",
+         "config.json: field eos_token_id: must be a token id or a list of 1 to 8 of them "
+         "(got a list of 9)"},
+        {"cfg-eos-item", "{\"eos_token_id\": [2, \"3\"]}",
+         "config.json: field eos_token_id: must be a non-negative integer (got \"3\")"},
         {"cfg-bos", "{\"bos_token_id\": -1}",
          "config.json: field bos_token_id: must be a non-negative integer (got -1)"},
         {"cfg-layers", "{\"num_hidden_layers\": 2000000000}",
@@ -955,6 +965,9 @@ static void test_config(void **state)
     assert_false(c.tie_word_embeddings);
     assert_int_equal(c.bos_token_id, 1);
     assert_int_equal(c.eos_token_id, 7);
+    assert_int_equal(c.n_eos_token_ids, 2);
+    assert_int_equal(c.eos_token_ids[0], 7);
+    assert_int_equal(c.eos_token_ids[1], 2);
     assert_int_equal(c.max_position_embeddings, 2048);
     assert_int_equal(c.head_dim, 8);
 }

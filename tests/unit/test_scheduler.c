@@ -114,6 +114,8 @@ typedef struct {
     int max_batch, window_ms, max_queue, kv_tokens;
     dol_batch_mode mode;
     double watermark;
+    const int *end_ids;   /* more ids that end a choice (n_end_ids) */
+    int n_end_ids;
 } rig_opts;
 
 static rig *rig_new(rig_opts o)
@@ -136,7 +138,8 @@ static rig *rig_new(rig_opts o)
     dol_scheduler_params sp = {.max_batch_size = o.max_batch, .batch_window_ms = o.window_ms,
                                .mode = o.mode, .max_queue = o.max_queue ? o.max_queue : 64,
                                .memory_high_watermark = o.watermark ? o.watermark : 0.80,
-                               .prefill_chunk = 64, .clock_ms = fake_clock, .manual = true};
+                               .prefill_chunk = 64, .end_ids = o.end_ids,
+                               .n_end_ids = o.n_end_ids, .clock_ms = fake_clock, .manual = true};
     assert_int_equal(dol_scheduler_create(g->e, g_tok, &sp, &g->s, err, sizeof err), 0);
     return g;
 }
@@ -157,8 +160,9 @@ typedef struct {
 } treq;
 
 /* A greedy request: BOS then n_prompt - 1 ids, max_tokens each of n choices
- * (n <= 4), EOS ignored; timeout_ms 0 = none. */
-static treq *req_t(int n_prompt, int max_tokens, int n, int priority, double timeout_ms)
+ * (n <= 4), EOS ignored unless honour_eos; timeout_ms 0 = none. */
+static treq *req_e(int n_prompt, int max_tokens, int n, int priority, double timeout_ms,
+                   bool honour_eos)
 {
     treq *t = calloc(1, sizeof *t);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_prompt);
@@ -167,7 +171,7 @@ static treq *req_t(int n_prompt, int max_tokens, int n, int priority, double tim
     ids[0] = 1;
     for (int i = 1; i < n_prompt; i++) ids[i] = 10 + i;
     dol_request_params p = {.prompt_ids = ids, .n_prompt = n_prompt, .max_tokens = max_tokens,
-                            .n = n, .priority = priority, .ignore_eos = true, .logprobs = -1,
+                            .n = n, .priority = priority, .ignore_eos = !honour_eos, .logprobs = -1,
                             .timeout_ms = timeout_ms, .id = "test"};
     dol_sampling_params_default(&p.sampling);
     p.sampling.temperature = 0.0f;
@@ -175,6 +179,11 @@ static treq *req_t(int n_prompt, int max_tokens, int n, int priority, double tim
     free(ids);
     assert_non_null(t->r);
     return t;
+}
+
+static treq *req_t(int n_prompt, int max_tokens, int n, int priority, double timeout_ms)
+{
+    return req_e(n_prompt, max_tokens, n, priority, timeout_ms, false);
 }
 
 static treq *req(int n_prompt, int max_tokens, int n, int priority)
@@ -301,6 +310,32 @@ static void trickle_starts_at(rig *g, int n, double gap, double at)
 
 /* Continuous mode: the window (50 ms) also closes after 5 ms without an
  * arrival; a trickle of arrivals keeps it open up to its length. */
+/* An id of config.json's eos_token_id list ends a choice like EOS (the
+ * id kept, no text), unless the request ignores EOS. */
+static void test_end_ids(void **state)
+{
+    (void)state;
+    int32_t want[6];
+    expected_ids(5, 6, want);
+    const int end[2] = { 400, want[2] };
+    rig *g = rig_new((rig_opts){.max_batch = 4, .window_ms = 0, .mode = DOL_BATCH_CONTINUOUS,
+                                .end_ids = end, .n_end_ids = 2});
+    treq *a = req_e(5, 6, 1, 0, 0, true), *b = req(5, 6, 1, 0);   /* b ignores EOS */
+    assert_int_equal(submit(g, a), DOL_REASON_NONE);
+    assert_int_equal(submit(g, b), DOL_REASON_NONE);
+    run_idle(g, 100);
+    look(a);
+    look(b);
+    assert_int_equal(a->out[0].n_ids, 3);
+    assert_int_equal(a->out[0].ids[2], want[2]);
+    assert_int_equal(a->out[0].finish, DOL_FINISH_STOP);
+    assert_int_equal(b->out[0].n_ids, 6);
+    assert_int_equal(b->out[0].finish, DOL_FINISH_LENGTH);
+    req_free(a);
+    req_free(b);
+    rig_free(g);
+}
+
 static void test_window_closes_when_arrivals_stop(void **state)
 {
     (void)state;
@@ -594,6 +629,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_window_and_output),
+        cmocka_unit_test(test_end_ids),
         cmocka_unit_test(test_window_closes_when_arrivals_stop),
         cmocka_unit_test(test_full_batch_skips_window_and_caps),
         cmocka_unit_test(test_priority_then_arrival),
