@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <yaml.h>
 
 /* ---------------------------------------------------------------- table */
@@ -1297,6 +1298,12 @@ int dol_config_load_yaml(dol_config *c, const char *path, char *err, size_t errl
     FILE *fp = fopen(path, "rb");
     if (!fp) {
         dol_set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;   /* a pipe (--config <(...)) is fine, a directory is not */
+    if (fstat(fileno(fp), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(fp);
+        dol_set_err(err, errlen, "%s: is a directory, not a YAML file", path);
         return -1;
     }
     yaml_parser_t ps;

@@ -209,8 +209,9 @@ static int cfg_int_value(const cJSON *j, const char *key, bool required, int lo,
     }
     char got[96];
     describe(j, got, sizeof got);
-    dol_set_err(err, errlen, CONFIG_NAME ": field %s: must be %s integer (got %s)", key,
-                lo > 0 ? "a positive" : "a non-negative", got);
+    dol_set_err(err, errlen, CONFIG_NAME ": field %s: must be %s integer%s (got %s)", key,
+                lo > 0 ? "a positive" : "a non-negative",
+                cJSON_IsNumber(j) && j->valuedouble > INT_MAX ? " up to 2147483647" : "", got);
     return -1;
 }
 
@@ -237,8 +238,9 @@ static int cfg_pos_float(const cJSON *root, const char *key, float def, float *o
     }
     char got[96];
     describe(j, got, sizeof got);
-    dol_set_err(err, errlen, CONFIG_NAME ": field %s: must be a positive number (got %s)",
-                key, got);
+    dol_set_err(err, errlen, CONFIG_NAME ": field %s: must be a positive number%s (got %s)",
+                key, cJSON_IsNumber(j) && j->valuedouble > 0 ? " within float range (1e-38 to 3e38)" : "",
+                got);
     return -1;
 }
 
@@ -254,8 +256,6 @@ static int cfg_must_be_false(const cJSON *root, const char *key, char *err, size
     return -1;
 }
 
-/* A token id: an integer >= 0, or (as some configs write eos) a list whose
- * first element is one. */
 /* A token id, or a non-empty list of at most `max` of them (newer
  * configs list several end-of-sequence ids): out[0..*n). Absent: def. */
 static int cfg_token_ids(const cJSON *root, const char *key, int def, int *out, int max,

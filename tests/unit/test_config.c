@@ -738,6 +738,7 @@ static void test_flags_bad(void **state)
     BAD("flag --config: missing value", "--config=");
     BAD("flag --config: given more than once", "--config", "a", "--config", "b");
     BAD("/nonexistent/x.yaml: cannot open: No such file or directory", "--config", "/nonexistent/x.yaml");
+    BAD("/tmp: is a directory, not a YAML file", "--config", "/tmp");
 #undef BAD
     /* A bad file through --config gives the file's own message. */
     assert_int_equal(parse_args(&c, err, ARGS("--config", yaml("port: 1\nwarmup: maybe\n"))), -1);
