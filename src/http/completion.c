@@ -67,7 +67,8 @@ int dol_http_check_model(dol_http_req *c, const char *model, const dol_http_atta
 
 static int request_priority(dol_http_req *c)
 {
-    int pr = dol_config_key_priority(c->srv->cfg, dol_http_bearer_key(c->conn));
+    char buf[sizeof c->srv->cfg->api_keys[0].key];
+    int pr = dol_config_key_priority(c->srv->cfg, dol_http_bearer_key(c->conn, buf, sizeof buf));
     return pr < 0 ? c->srv->cfg->default_priority : pr;
 }
 

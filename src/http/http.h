@@ -169,8 +169,10 @@ void dol_http_body_free(dol_http_req *c);
 int dol_http_not_ready(dol_http_req *c, dol_api_error *e);
 /* Routes a prober or a scraper calls (by label), served during a drain. */
 bool dol_http_route_is_probe(const char *route);
-/* The key of an "Authorization: Bearer <key>" header, or NULL. */
-const char *dol_http_bearer_key(struct MHD_Connection *conn);
+/* The key of an "Authorization: Bearer <key>" header (whitespace around it
+ * dropped), copied into buf (n bytes) and returned; NULL when there is none
+ * or it does not fit. */
+const char *dol_http_bearer_key(struct MHD_Connection *conn, char *buf, size_t n);
 /* Random lowercase hex into buf (2*nbytes chars + NUL). */
 void dol_http_random_hex(char *buf, size_t nbytes);
 uint64_t dol_http_random_u64(void);

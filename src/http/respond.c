@@ -172,7 +172,7 @@ int dol_http_not_ready(dol_http_req *c, dol_api_error *e)
     }
 }
 
-const char *dol_http_bearer_key(struct MHD_Connection *conn)
+const char *dol_http_bearer_key(struct MHD_Connection *conn, char *buf, size_t n)
 {
     const char *h = NULL;
     size_t len = 0;
@@ -182,8 +182,13 @@ const char *dol_http_bearer_key(struct MHD_Connection *conn)
     /* a NUL inside the value would make a prefix of it pass as the key */
     if (!h || strlen(h) != len || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
     h += 7;
-    while (*h == ' ') h++;
-    return *h ? h : NULL;
+    while (*h == ' ' || *h == '\t') h++;
+    len = strlen(h);
+    while (len > 0 && (h[len - 1] == ' ' || h[len - 1] == '\t')) len--;   /* trailing OWS */
+    if (len == 0 || len >= n) return NULL;
+    memcpy(buf, h, len);
+    buf[len] = '\0';
+    return buf;
 }
 
 

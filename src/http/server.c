@@ -103,7 +103,8 @@ static bool authorized(dol_http_req *c)
 {
     const dol_config *cfg = c->srv->cfg;
     if (cfg->n_api_keys <= 0) return true;
-    const char *key = dol_http_bearer_key(c->conn);
+    char buf[sizeof cfg->api_keys[0].key];
+    const char *key = dol_http_bearer_key(c->conn, buf, sizeof buf);
     return key && dol_config_key_priority(cfg, key) >= 0;
 }
 

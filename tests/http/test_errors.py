@@ -297,6 +297,11 @@ def test_good_api_key(auth_server):
                       headers=h, timeout=30)
     assert r.status_code == 200, r.text
     assert requests.get(auth_server.url + "/v1/models", headers=h, timeout=30).status_code == 200
+    # whitespace around the key is not part of it (RFC 9110's OWS)
+    raw = raw_exchange(auth_server.port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+                       b"Authorization: Bearer  " + API_KEY.encode() + b" \t\r\n"
+                       b"Connection: close\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 200"), raw[:200]
     # probes need no key
     assert requests.get(auth_server.url + "/healthz", timeout=30).status_code == 200
     assert requests.get(auth_server.url + "/livez", timeout=30).status_code == 200
