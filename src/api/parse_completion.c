@@ -31,14 +31,14 @@ static int get_int(const cJSON *v, const char *name, int64_t lo, int64_t hi,
     double d = v->valuedouble;
     if (d < (double)lo || d > (double)hi) {
         if (hi >= MAX_SAFE_INT && d < (double)lo)
-            dol_api_error_invalid(e, name, "'%s' must be >= %lld (got %.0f).",
+            dol_api_error_invalid(e, name, "'%s' must be >= %lld (got %.17g).",
                                   name, (long long)lo, d);
         else if (hi >= MAX_SAFE_INT)
-            dol_api_error_invalid(e, name, "'%s' must be at most %lld (got %.0f).",
+            dol_api_error_invalid(e, name, "'%s' must be at most %lld (got %.17g).",
                                   name, (long long)hi, d);
         else
             dol_api_error_invalid(e, name,
-                                  "'%s' must be between %lld and %lld (got %.0f).",
+                                  "'%s' must be between %lld and %lld (got %.17g).",
                                   name, (long long)lo, (long long)hi, d);
         return -1;
     }

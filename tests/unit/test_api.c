@@ -521,6 +521,8 @@ static void test_configured_limits(void **state)
     expect_limit("{\"prompt\":\"x\",\"logit_bias\":{\"5\":1,\"6\":2,\"7\":3}}", &lim,
                  "logit_bias", "max_logit_bias");
     expect_limit("{\"prompt\":\"x\",\"max_tokens\":51}", &lim, "max_tokens", "max_tokens_cap");
+    /* a huge value is echoed short, not as 309 digits */
+    expect_limit("{\"prompt\":\"x\",\"max_tokens\":1e308}", &lim, "max_tokens", "(got 1e+308)");
 
     /* The default max_tokens never exceeds the cap. */
     dol_completion_params p;
