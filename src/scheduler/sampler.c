@@ -129,6 +129,46 @@ static int cand_desc(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* Put the k first of c[lo..hi) in cand_desc order into c[lo..lo+k), in any
+ * order among themselves (quickselect, median-of-three pivots; past a depth
+ * of 64 the rest is sorted whole, so the cost stays O(n log n)). */
+static void select_top(cand *c, int lo, int hi, int k)
+{
+    int want = lo + k;
+    for (int depth = 0; hi - lo > 16 && want > lo && want < hi; depth++) {
+        if (depth > 64) break;
+        int mid = lo + (hi - lo) / 2;
+        /* median of c[lo], c[mid], c[hi-1] to c[hi-1] */
+        if (cand_desc(&c[mid], &c[lo]) < 0) { cand t = c[mid]; c[mid] = c[lo]; c[lo] = t; }
+        if (cand_desc(&c[hi - 1], &c[lo]) < 0) { cand t = c[hi - 1]; c[hi - 1] = c[lo]; c[lo] = t; }
+        if (cand_desc(&c[mid], &c[hi - 1]) < 0) { cand t = c[mid]; c[mid] = c[hi - 1]; c[hi - 1] = t; }
+        cand pv = c[hi - 1];
+        int st = lo;
+        for (int i = lo; i < hi - 1; i++)
+            if (cand_desc(&c[i], &pv) < 0) { cand t = c[i]; c[i] = c[st]; c[st] = t; st++; }
+        c[hi - 1] = c[st];
+        c[st] = pv;
+        if (st == want || st + 1 == want) return;
+        if (st < want) lo = st + 1;
+        else hi = st;
+    }
+    if (want > lo && want < hi) qsort(c + lo, (size_t)(hi - lo), sizeof(cand), cand_desc);
+}
+
+/* Extend the sorted prefix c[0..*sorted) of c[0..m) to at least `want`
+ * entries (in chunks that grow fourfold, so a long walk stays O(n log n)):
+ * the entries are those a full sort would put there, in the same order. */
+static void sort_prefix(cand *c, int m, int *sorted, int want)
+{
+    if (want > m) want = m;
+    if (want <= *sorted) return;
+    int grow = *sorted < 16 ? 16 : *sorted * 3;
+    if (want < *sorted + grow) want = *sorted + grow < m ? *sorted + grow : m;
+    select_top(c, *sorted, m, want - *sorted);
+    qsort(c + *sorted, (size_t)(want - *sorted), sizeof(cand), cand_desc);
+    *sorted = want;
+}
+
 int32_t dol_sampler_pick(dol_sampler *s, const dol_sampling_params *p,
                          const float *logits, dol_rng *rng)
 {
@@ -142,29 +182,36 @@ int32_t dol_sampler_pick(dol_sampler *s, const dol_sampling_params *p,
     for (int i = 0; i < n; i++) {
         float v = expf((logits[i] - maxl) / p->temperature);
         /* a token without mass (masked to -inf, or underflowed) can never be
-         * drawn: leaving it out of the sort changes nothing but the cost */
+         * drawn: leaving it out changes nothing but the cost */
         if (v <= 0.0f) continue;
         s->c[m].p = v;
         s->c[m].id = i;
         m++;
         sum += v;
     }
-    /* top-k: keep the k most likely (partial work: sort once, then cut) */
-    qsort(s->c, (size_t)m, sizeof(cand), cand_desc);
+    /* The filters walk the candidates in descending probability (ties:
+     * lower id first), but only as far as they reach: sorted is the length
+     * of the prefix already in that order (sort_prefix). */
+    cand *c = s->c;
+    int sorted = 0;
+    /* top-k: keep the k most likely */
     if (p->top_k > 0 && p->top_k < m) {
+        sort_prefix(c, m, &sorted, p->top_k);
         m = p->top_k;
         sum = 0.0;
-        for (int i = 0; i < m; i++) sum += s->c[i].p;
+        for (int i = 0; i < m; i++) sum += c[i].p;
     }
     /* min-p (Nguyen et al. 2024): drop tokens below min_p * p(top) */
     if (p->min_p > 0.0f) {
-        float cut = p->min_p * s->c[0].p;
-        int k = 1;
-        while (k < m && s->c[k].p >= cut) k++;
+        sort_prefix(c, m, &sorted, 1);
+        float cut = p->min_p * c[0].p;
+        int k = 0;
+        for (int i = 0; i < m; i++) k += c[i].p >= cut;
         if (k < m) {
+            sort_prefix(c, m, &sorted, k);
             m = k;
             sum = 0.0;
-            for (int i = 0; i < m; i++) sum += s->c[i].p;
+            for (int i = 0; i < m; i++) sum += c[i].p;
         }
     }
     /* top-p (Holtzman et al. 2020): smallest prefix with mass >= top_p */
@@ -172,19 +219,22 @@ int32_t dol_sampler_pick(dol_sampler *s, const dol_sampling_params *p,
         double acc = 0.0, target = p->top_p * sum;
         int k = 0;
         while (k < m) {
-            acc += s->c[k].p;
+            sort_prefix(c, m, &sorted, k + 1);
+            acc += c[k].p;
             k++;
             if (acc >= target) break;
         }
         m = k;
         sum = acc;
     }
+    /* the draw: any fixed order of the kept candidates gives each its
+     * probability, so they are walked as they lie (the sorted prefix first) */
     double r = (double)dol_rng_float(rng) * sum, acc = 0.0;
     for (int i = 0; i < m; i++) {
-        acc += s->c[i].p;
-        if (r < acc) return s->c[i].id;
+        acc += c[i].p;
+        if (r < acc) return c[i].id;
     }
-    return s->c[m - 1].id;
+    return c[m - 1].id;
 }
 
 /* ---- log-probabilities --------------------------------------------------- */

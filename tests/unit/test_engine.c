@@ -393,6 +393,88 @@ static void test_sampler(void **state)
     dol_sampler_free(s);
 }
 
+/* The reference: softmax(logits / T) over the ids a full sort keeps under
+ * top-k, min-p and top-p, in that order, as dol_sampler_pick applies them. */
+static int cmp_desc_id(const void *a, const void *b, void *ctx)
+{
+    const double *w = ctx;
+    int x = *(const int *)a, y = *(const int *)b;
+    return w[x] > w[y] ? -1 : w[x] < w[y] ? 1 : (x > y) - (x < y);
+}
+
+static void filtered_softmax(const float *logits, int V, const dol_sampling_params *p, double *q)
+{
+    double *w = calloc((size_t)V, sizeof *w);
+    int *ord = malloc(sizeof(int) * (size_t)V);
+    float mx = logits[dol_sampler_argmax(logits, V)];
+    for (int i = 0; i < V; i++) {
+        w[i] = expf((logits[i] - mx) / p->temperature);
+        ord[i] = i;
+    }
+    qsort_r(ord, (size_t)V, sizeof(int), cmp_desc_id, w);
+    int m = V;
+    if (p->top_k > 0 && p->top_k < m) m = p->top_k;
+    if (p->min_p > 0.0f) {
+        int k = 0;
+        while (k < m && w[ord[k]] >= p->min_p * w[ord[0]]) k++;
+        m = k;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < m; i++) sum += w[ord[i]];
+    if (p->top_p > 0.0f && p->top_p < 1.0f) {
+        double acc = 0.0;
+        int k = 0;
+        while (k < m && acc < p->top_p * sum) acc += w[ord[k++]];
+        m = k;
+        sum = acc;
+    }
+    for (int i = 0; i < V; i++) q[i] = 0.0;
+    for (int i = 0; i < m; i++) q[ord[i]] = w[ord[i]] / sum;
+    free(w);
+    free(ord);
+}
+
+/* Each filter's draws follow the reference distribution: never an id it
+ * drops, and every kept id within 5 standard errors of its probability
+ * (over a vocabulary of 2000, so the partial selection does real work). */
+static void test_sampler_distribution(void **state)
+{
+    (void)state;
+    enum { V = 2000, N = 40000 };
+    float *logits = malloc(sizeof(float) * V);
+    for (int i = 0; i < V; i++) logits[i] = sinf((float)i * 0.37f) * 3.0f + (float)(i % 7) * 0.1f;
+    logits[17] = -INFINITY;
+    dol_sampler *s = dol_sampler_new(V);
+    double *q = malloc(sizeof(double) * V);
+    int *hits = malloc(sizeof(int) * V);
+    struct { float t, top_p, min_p; int top_k; } cfg[] = {
+        {1.0f, 1.0f, 0.0f, 0}, {0.7f, 1.0f, 0.0f, 40}, {1.0f, 0.6f, 0.0f, 0},
+        {1.3f, 1.0f, 0.3f, 0}, {0.9f, 0.8f, 0.05f, 300},
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        dol_sampling_params p;
+        dol_sampling_params_default(&p);
+        p.temperature = cfg[c].t;
+        p.top_p = cfg[c].top_p;
+        p.min_p = cfg[c].min_p;
+        p.top_k = cfg[c].top_k;
+        filtered_softmax(logits, V, &p, q);
+        memset(hits, 0, sizeof(int) * V);
+        dol_rng r;
+        dol_rng_seed(&r, 99 + c);
+        for (int i = 0; i < N; i++) hits[dol_sampler_pick(s, &p, logits, &r)]++;
+        for (int i = 0; i < V; i++) {
+            double f = (double)hits[i] / N, se = sqrt(q[i] * (1.0 - q[i]) / N);
+            if (q[i] == 0.0 ? hits[i] != 0 : fabs(f - q[i]) > 5.0 * se + 1e-4)
+                fail_msg("config %zu, id %d: drawn %.5f, probability %.5f", c, i, f, q[i]);
+        }
+    }
+    free(logits);
+    free(q);
+    free(hits);
+    dol_sampler_free(s);
+}
+
 int main(void)
 {
     const char *g_shared = fixture_shared_dir();
@@ -413,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_chunking_and_threads),
         cmocka_unit_test(test_kv_blocks_and_fork),
         cmocka_unit_test(test_sampler),
+        cmocka_unit_test(test_sampler_distribution),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
