@@ -132,6 +132,9 @@ typedef struct {
     double load_seconds_total;       /* all successful loads together */
     double last_load_s;
     bool has_stats;                  /* loaded: the scheduler's figures */
+    /* the scheduler's figures when loaded (zero when not), except that its
+     * counters (steps, prefix cache, speculative tokens) add up every load
+     * of the model so far */
     dol_scheduler_stats stats;
 } dol_model_info;
 void dol_models_info(dol_models *m, int idx, dol_model_info *out);

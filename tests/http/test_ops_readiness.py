@@ -166,10 +166,11 @@ def test_readiness_hysteresis_with_a_small_kv_pool():
 
 def test_zero_delay_means_immediately():
     """vram_unready_after_s 0: unready as soon as use is above the ratio."""
-    srv = Dolphind("stories260K", ["--kv-cache-tokens", "64", "--vram-unready-ratio", "0.5",
+    srv = Dolphind("tiny-llama2", ["--kv-cache-tokens", "64", "--vram-unready-ratio", "0.5",
                                        "--vram-unready-after-s", "0"])
     try:
-        body = {"prompt": "Once", "max_tokens": 60, "ignore_eos": True}
+        # tens of ms of decoding (tiny-llama2, 5 logprobs a token)
+        body = {"prompt": "Once", "max_tokens": 60, "ignore_eos": True, "logprobs": 5}
         t = threading.Thread(target=requests.post, args=(srv.url + "/v1/completions",),
                              kwargs={"json": body, "timeout": 120})
         t.start()
