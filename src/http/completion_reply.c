@@ -314,7 +314,7 @@ static int emit_progress(dol_http_req *c, int p, int i)
         c->cmpl->sent_text[k] = ch->text_len;
         c->cmpl->sent_lps[k] = to;
     }
-    if (!c->cmpl->sent_finish[k] && (ch->finish != DOL_FINISH_NONE || c->cmpl->st[p].done)) {
+    if (!c->cmpl->sent_finish[k] && ended) {
         dol_api_choice out = {.index = k, .finish = finish_str(ch->finish)};
         if (!c->cmpl->chat) {
             out.text = "";

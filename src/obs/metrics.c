@@ -471,9 +471,9 @@ char *dol_metrics_render(dol_metrics *m, const dol_metrics_gauges *g, size_t *le
             continue;
         }
         family(&o, name, MODEL_FAMILIES[f].type, MODEL_FAMILIES[f].help);
+        /* counters go on (from the loads before) while unloaded */
+        bool counter = strcmp(MODEL_FAMILIES[f].type, "counter") == 0;
         for (int i = 0; i < n_ms; i++) {
-            /* counters go on (from the loads before) while unloaded */
-            bool counter = strcmp(MODEL_FAMILIES[f].type, "counter") == 0;
             if (!per_entry && !counter && !ms[i].loaded) continue;
             double v = model_value(&ms[i], (model_fig)f);
             if (ms[i].name)

@@ -73,10 +73,9 @@ typedef struct {
     int n_w, cap_w;
     uint64_t loads, load_failures, unloads;
     double load_seconds_total, last_load_s;
-    /* the scheduler counters of the loads already gone, so that the
-     * model's _total figures carry on across an unload and a reload */
-    uint64_t gone_steps, gone_prefix_queries, gone_prefix_hits, gone_spec_proposed,
-        gone_spec_accepted;
+    /* the scheduler counters of the loads already gone (counters_add), so
+     * that the model's _total figures carry on across unload and reload */
+    dol_scheduler_stats gone;
 } entry;
 
 struct dol_models {
@@ -584,6 +583,16 @@ fail:
     return -1;
 }
 
+/* Add b's counters (not its gauges) to a's. */
+static void counters_add(dol_scheduler_stats *a, const dol_scheduler_stats *b)
+{
+    a->steps += b->steps;
+    a->prefix_cache_query_tokens += b->prefix_cache_query_tokens;
+    a->prefix_cache_hit_tokens += b->prefix_cache_hit_tokens;
+    a->spec_proposed += b->spec_proposed;
+    a->spec_accepted += b->spec_accepted;
+}
+
 /* Unload loaded entry v (lock held; dropped while freeing). */
 static void unload_locked(dol_models *m, int v, const char *why)
 {
@@ -592,11 +601,7 @@ static void unload_locked(dol_models *m, int v, const char *why)
     if (o.sched) {
         dol_scheduler_stats st;
         dol_scheduler_get_stats(o.sched, &st);
-        e->gone_steps += st.steps;
-        e->gone_prefix_queries += st.prefix_cache_query_tokens;
-        e->gone_prefix_hits += st.prefix_cache_hit_tokens;
-        e->gone_spec_proposed += st.spec_proposed;
-        e->gone_spec_accepted += st.spec_accepted;
+        counters_add(&e->gone, &st);
     }
     memset(&e->o, 0, sizeof e->o);
     e->state = DOL_MODEL_UNLOADED;
@@ -1143,11 +1148,7 @@ void dol_models_info(dol_models *m, int idx, dol_model_info *out)
         out->has_stats = true;
         dol_scheduler_get_stats(e->o.sched, &out->stats);
     }
-    out->stats.steps += e->gone_steps;
-    out->stats.prefix_cache_query_tokens += e->gone_prefix_queries;
-    out->stats.prefix_cache_hit_tokens += e->gone_prefix_hits;
-    out->stats.spec_proposed += e->gone_spec_proposed;
-    out->stats.spec_accepted += e->gone_spec_accepted;
+    counters_add(&out->stats, &e->gone);
     pthread_mutex_unlock(&m->mu);
 }
 
